@@ -1,0 +1,224 @@
+"""Acceptance history, model versions and rollouts: simple CRUD for the policy engine and the
+model registry (which own the vocabulary of ``status`` and ``state``; stored as given).
+
+Mutating methods take ``actor=``; when given, ``model.registered``, ``model.status_changed``,
+``rollout.started`` and ``rollout.<new state>`` (or ``rollout.updated``) admin events are
+chained in the same transaction. Dicts carry ``datetime`` objects (UTC, aware).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from gateway.audit.base import StoreBase, utcnow
+from gateway.audit.models import ACCEPTANCE, MODELS, ROLLOUTS
+from gateway.audit.types import AdminEvent
+
+GLOBAL_TENANT = "*"
+_ROLLOUT_FIELDS = frozenset({"state", "canary_percent", "sticky", "guard", "reason"})
+
+
+class RegistryMixin(StoreBase):
+    # -- acceptance history ------------------------------------------------------------------
+
+    async def put_acceptance(
+        self,
+        tenant_id: str,
+        proposer: str,
+        draft_version: str,
+        *,
+        ewma_acceptance: float,
+        ewma_c: float,
+        samples: int,
+    ) -> None:
+        """Upsert one history row (``tenant_id='*'`` = global; ``draft_version=''`` for
+        proposers without a version)."""
+        values = {
+            "tenant_id": tenant_id,
+            "proposer": proposer,
+            "draft_version": draft_version,
+            "ewma_acceptance": float(ewma_acceptance),
+            "ewma_c": float(ewma_c),
+            "samples": int(samples),
+            "updated_at": utcnow(),
+        }
+        async with self._write() as conn:
+            await self._upsert(conn, ACCEPTANCE, values, ["tenant_id", "proposer", "draft_version"])
+
+    async def get_acceptance(
+        self, tenant_id: str, proposer: str, draft_version: str
+    ) -> dict[str, Any] | None:
+        stmt = select(ACCEPTANCE).where(
+            ACCEPTANCE.c.tenant_id == tenant_id,
+            ACCEPTANCE.c.proposer == proposer,
+            ACCEPTANCE.c.draft_version == draft_version,
+        )
+        async with self._read() as conn:
+            row = (await conn.execute(stmt)).mappings().first()
+        return None if row is None else dict(row)
+
+    async def list_acceptance(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        """All history rows (for warm-starting the policy engine), optionally one tenant."""
+        stmt = select(ACCEPTANCE).order_by(
+            ACCEPTANCE.c.tenant_id, ACCEPTANCE.c.proposer, ACCEPTANCE.c.draft_version
+        )
+        if tenant_id is not None:
+            stmt = stmt.where(ACCEPTANCE.c.tenant_id == tenant_id)
+        async with self._read() as conn:
+            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+
+    # -- model versions ----------------------------------------------------------------------
+
+    async def register_model(
+        self,
+        name: str,
+        version: str,
+        *,
+        role: str,
+        path: str,
+        sha256: str,
+        target: str | None = None,
+        status: str = "registered",
+        actor: str | None = None,
+    ) -> dict[str, Any]:
+        """Insert a model version (IntegrityError if ``name``/``version`` exists)."""
+        row = {
+            "name": name,
+            "version": version,
+            "role": role,
+            "target": target,
+            "path": path,
+            "sha256": sha256,
+            "status": status,
+            "registered_at": utcnow(),
+        }
+        async with self._write() as conn:
+            await conn.execute(insert(MODELS).values(**row))
+            if actor is not None:
+                after = {k: v for k, v in row.items() if k != "registered_at"}
+                event = AdminEvent(actor, "model.registered", f"{name}@{version}", None, after)
+                await self._append_event(conn, event)
+        return row
+
+    async def get_model(self, name: str, version: str) -> dict[str, Any] | None:
+        stmt = select(MODELS).where(MODELS.c.name == name, MODELS.c.version == version)
+        async with self._read() as conn:
+            row = (await conn.execute(stmt)).mappings().first()
+        return None if row is None else dict(row)
+
+    async def list_models(
+        self, name: str | None = None, role: str | None = None
+    ) -> list[dict[str, Any]]:
+        stmt = select(MODELS).order_by(MODELS.c.name, MODELS.c.registered_at)
+        if name is not None:
+            stmt = stmt.where(MODELS.c.name == name)
+        if role is not None:
+            stmt = stmt.where(MODELS.c.role == role)
+        async with self._read() as conn:
+            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+
+    async def set_model_status(
+        self, name: str, version: str, status: str, *, actor: str | None = None
+    ) -> bool:
+        """Change a version's status; False when it does not exist."""
+        where = (MODELS.c.name == name, MODELS.c.version == version)
+        async with self._write() as conn:
+            old = (await conn.execute(select(MODELS.c.status).where(*where))).scalar()
+            if old is None:
+                return False
+            await conn.execute(update(MODELS).where(*where).values(status=status))
+            if actor is not None:
+                event = AdminEvent(
+                    actor,
+                    "model.status_changed",
+                    f"{name}@{version}",
+                    {"status": old},
+                    {"status": status},
+                )
+                await self._append_event(conn, event)
+        return True
+
+    # -- rollouts ----------------------------------------------------------------------------
+
+    async def create_rollout(
+        self,
+        *,
+        target: str,
+        draft: str,
+        version: str,
+        baseline_version: str | None,
+        canary_percent: float,
+        sticky: bool = True,
+        guard: dict[str, Any] | None = None,
+        state: str = "canary",
+        reason: str | None = None,
+        actor: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a rollout; returns the row with its new ``id``."""
+        now = utcnow()
+        row: dict[str, Any] = {
+            "target": target,
+            "draft": draft,
+            "version": version,
+            "baseline_version": baseline_version,
+            "canary_percent": float(canary_percent),
+            "sticky": sticky,
+            "state": state,
+            "guard": guard,
+            "created_at": now,
+            "updated_at": now,
+            "reason": reason,
+        }
+        async with self._write() as conn:
+            result = await conn.execute(insert(ROLLOUTS).returning(ROLLOUTS.c.id), row)
+            row["id"] = int(result.scalar_one())
+            if actor is not None:
+                after = {k: v for k, v in row.items() if k not in ("created_at", "updated_at")}
+                subject = f"rollout:{row['id']}"
+                event = AdminEvent(actor, "rollout.started", subject, None, after)
+                await self._append_event(conn, event)
+        return row
+
+    async def update_rollout(
+        self, id: int, *, actor: str | None = None, **changes: Any
+    ) -> dict[str, Any] | None:
+        """Change ``state``, ``canary_percent``, ``sticky``, ``guard`` and/or ``reason``;
+        returns the new row, or None when ``id`` does not exist."""
+        unknown = set(changes) - _ROLLOUT_FIELDS
+        if unknown:
+            raise ValueError(f"cannot update rollout fields {sorted(unknown)}")
+        async with self._write() as conn:
+            found = await conn.execute(select(ROLLOUTS).where(ROLLOUTS.c.id == id))
+            old = found.mappings().first()
+            if old is None:
+                return None
+            values = {**changes, "updated_at": utcnow()}
+            await conn.execute(update(ROLLOUTS).where(ROLLOUTS.c.id == id).values(**values))
+            new = {**dict(old), **values}
+            if actor is not None:
+                state = changes.get("state")
+                action = (
+                    f"rollout.{state}" if state and state != old["state"] else "rollout.updated"
+                )
+                before = {k: old[k] for k in changes}
+                event = AdminEvent(actor, action, f"rollout:{id}", before, dict(changes))
+                await self._append_event(conn, event)
+        return new
+
+    async def get_rollout(self, id: int) -> dict[str, Any] | None:
+        async with self._read() as conn:
+            row = (await conn.execute(select(ROLLOUTS).where(ROLLOUTS.c.id == id))).mappings()
+            found = row.first()
+        return None if found is None else dict(found)
+
+    async def list_rollouts(
+        self, *, target: str | None = None, draft: str | None = None, state: str | None = None
+    ) -> list[dict[str, Any]]:
+        stmt = select(ROLLOUTS).order_by(ROLLOUTS.c.id)
+        for col, value in (("target", target), ("draft", draft), ("state", state)):
+            if value is not None:
+                stmt = stmt.where(ROLLOUTS.c[col] == value)
+        async with self._read() as conn:
+            return [dict(r) for r in (await conn.execute(stmt)).mappings()]

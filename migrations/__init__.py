@@ -1,0 +1,1 @@
+"""Alembic migrations of the gateway database (metadata: gateway.audit.models)."""
