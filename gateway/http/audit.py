@@ -1,0 +1,156 @@
+"""Compliance API: the admin key reads everything, an auditor key its own tenant only,
+tenant inference keys get 403."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from litestar import Request, get
+from litestar.response import Stream
+
+from gateway.audit import RecordFilter
+from gateway.serving import Services
+from gateway.serving.commands import Principal
+from gateway.serving.errors import GatewayError, invalid
+
+FILTER_PARAMS = (
+    "tenant",
+    "since",
+    "until",
+    "mode",
+    "target_model",
+    "target_version",
+    "draft_model",
+    "draft_version",
+    "status",
+    "decision_id",
+)
+
+
+def _svc(request: Request[Any, Any, Any]) -> Services:
+    return request.app.state.services  # type: ignore[no-any-return]
+
+
+def _time(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise invalid(f"{name} must be an ISO 8601 timestamp, got '{value}'", name) from None
+    if parsed.tzinfo is None:
+        raise invalid(f"{name} must carry a timezone (e.g. 2026-12-01T00:00:00Z)", name)
+    return parsed
+
+
+def _filter(request: Request[Any, Any, Any], who: Principal) -> RecordFilter:
+    q = request.query_params
+    tenant = q.get("tenant")
+    if who.role == "auditor":
+        if tenant not in (None, who.tenant_id):
+            raise GatewayError(
+                "permission",
+                "an auditor key reads its own tenant only",
+                param="tenant",
+                code="forbidden",
+            )
+        tenant = who.tenant_id
+    status = q.get("status")
+    if status is not None and not status.isdigit():
+        raise invalid("status must be an HTTP status code", "status")
+    return RecordFilter(
+        tenant_id=tenant,
+        since=_time(q.get("since"), "since"),
+        until=_time(q.get("until"), "until"),
+        mode=q.get("mode"),
+        target_model=q.get("target_model"),
+        target_version=q.get("target_version"),
+        draft_model=q.get("draft_model"),
+        draft_version=q.get("draft_version"),
+        status=int(status) if status else None,
+        decision_id=q.get("decision_id"),
+    )
+
+
+def _limit(request: Request[Any, Any, Any]) -> int:
+    raw = request.query_params.get("limit", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise invalid("limit must be an integer in [1, 1000]", "limit")
+    return int(raw)
+
+
+async def _who(request: Request[Any, Any, Any]) -> Principal:
+    return await _svc(request).auth.auditor(request.headers.get("authorization"))
+
+
+@get("/audit/records", summary="Audit records (filters, cursor pagination)")
+async def records(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    who = await _who(request)
+    store = _svc(request).store
+    try:
+        rows, nxt = await store.records(
+            _filter(request, who), request.query_params.get("cursor"), _limit(request)
+        )
+    except ValueError as exc:
+        raise invalid(str(exc), "cursor") from None
+    return {"data": rows, "next_cursor": nxt}
+
+
+@get("/audit/records/{record_id:int}", summary="One audit record")
+async def record(request: Request[Any, Any, Any], record_id: int) -> dict[str, Any]:
+    who = await _who(request)
+    row = await _svc(request).store.record(
+        record_id, who.tenant_id if who.role == "auditor" else None
+    )
+    if row is None:
+        raise GatewayError("not_found", f"no audit record {record_id}", code="not_found")
+    return row
+
+
+@get("/audit/export", summary="Export records as JSON lines or CSV (streamed)")
+async def export(request: Request[Any, Any, Any]) -> Stream:
+    who = await _who(request)
+    fmt = request.query_params.get("format", "jsonl")
+    if fmt not in ("jsonl", "csv"):
+        raise invalid("format must be jsonl or csv", "format")
+    f = _filter(request, who)
+    media = "application/x-ndjson" if fmt == "jsonl" else "text/csv"
+    chunks = _svc(request).store.export(f, fmt)  # type: ignore[arg-type]
+    return Stream(
+        chunks,
+        media_type=media,
+        headers={"content-disposition": f'attachment; filename="audit.{fmt}"'},
+    )
+
+
+@get("/audit/summary", summary="Requests, tokens and acceptance by day x tenant x mode x model")
+async def summary(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    who = await _who(request)
+    return {"data": await _svc(request).store.summary(_filter(request, who))}
+
+
+@get("/audit/events", summary="Admin events (tenants, keys, policies, rollouts)")
+async def events(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    who = await _who(request)
+    if who.role != "admin":
+        raise GatewayError(
+            "permission", "admin events are readable with the admin key only", code="forbidden"
+        )
+    q = request.query_params
+    rows, nxt = await _svc(request).store.events(
+        since=_time(q.get("since"), "since"),
+        until=_time(q.get("until"), "until"),
+        cursor=q.get("cursor"),
+        limit=_limit(request),
+    )
+    return {"data": rows, "next_cursor": nxt}
+
+
+@get("/audit/verify", summary="Verify the hash chain of the audit tables")
+async def verify(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    await _who(request)
+    return await _svc(request).store.verify()
+
+
+ROUTES = [records, record, export, summary, events, verify]

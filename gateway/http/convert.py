@@ -1,0 +1,195 @@
+"""OpenAI request bodies -> serving commands, with OpenAI's parameter rules (400s that name
+the parameter), and quotas -> x-ratelimit-* headers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gateway.http.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ContentPart,
+    Message,
+    TokenizeRequest,
+)
+from gateway.serving.commands import DecodingOverride, Generate
+from gateway.serving.errors import invalid
+from gateway.serving.ratelimit import Quota
+
+MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20
+
+
+def _text(content: str | list[ContentPart] | None, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for i, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise invalid(
+                f"only text content parts are supported, got '{part.type}'", f"{param}[{i}].type"
+            )
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def _messages(messages: list[Message]) -> tuple[dict[str, str], ...]:
+    if not messages:
+        raise invalid("messages must contain at least one message", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if m.role not in ("system", "developer", "user", "assistant", "tool"):
+            raise invalid(f"unknown role '{m.role}'", f"messages[{i}].role")
+        role = "system" if m.role == "developer" else m.role
+        out.append({"role": role, "content": _text(m.content, f"messages[{i}].content")})
+    return tuple(out)
+
+
+def _common(
+    body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None
+) -> dict[str, Any]:
+    if body.n not in (None, 1):
+        raise invalid("n > 1 is not supported: this gateway returns one choice per request", "n")
+    if max_tokens is not None and max_tokens < 1:
+        raise invalid(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    temperature = 1.0 if body.temperature is None else body.temperature
+    if not 0.0 <= temperature <= 2.0 or math.isnan(temperature):
+        raise invalid(f"temperature must be in [0, 2], got {temperature}", "temperature")
+    top_p = 1.0 if body.top_p is None else body.top_p
+    if not 0.0 < top_p <= 1.0:
+        raise invalid(f"top_p must be in (0, 1], got {top_p}", "top_p")
+    top_k = body.top_k or 0
+    if top_k < 0:
+        raise invalid(f"top_k must be >= 0, got {top_k}", "top_k")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if value not in (None, 0, 0.0):
+            raise invalid(
+                f"{name} is not supported (it would change the target distribution)", name
+            )
+    stop: tuple[str, ...] = ()
+    if isinstance(body.stop, str):
+        stop = (body.stop,)
+    elif body.stop:
+        stop = tuple(body.stop)
+    if len(stop) > MAX_STOP or any(not s for s in stop):
+        raise invalid(f"stop takes up to {MAX_STOP} non-empty strings", "stop")
+    bias: list[tuple[int, float]] = []
+    for key, value in (body.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise invalid(f"logit_bias keys must be token ids, got '{key}'", "logit_bias") from None
+        if not -100.0 <= value <= 100.0:
+            raise invalid(f"logit_bias values must be in [-100, 100], got {value}", "logit_bias")
+        bias.append((token, float(value)))
+    prediction = None
+    if body.prediction is not None:
+        prediction = _text(body.prediction.content, "prediction.content")
+    decoding = None
+    if body.decoding is not None:
+        d = body.decoding
+        if d.k is not None and not 1 <= d.k <= 32:
+            raise invalid(f"decoding.k must be in [1, 32], got {d.k}", "decoding.k")
+        decoding = DecodingOverride(mode=d.mode, proposer=d.proposer, k=d.k)
+    response_format = None
+    if body.response_format is not None and body.response_format.type != "text":
+        rf = body.response_format
+        response_format = {"type": rf.type}
+        if rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema is None:
+                raise invalid(
+                    "response_format json_schema needs json_schema.schema",
+                    "response_format.json_schema",
+                )
+            response_format["json_schema"] = {
+                "name": rf.json_schema.name,
+                "schema": rf.json_schema.schema,
+                "strict": rf.json_schema.strict,
+            }
+    stream_options = body.stream_options
+    if stream_options is not None and not body.stream:
+        raise invalid("stream_options is only allowed when stream is true", "stream_options")
+    return {
+        "model": body.model,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "stop": stop,
+        "seed": body.seed,
+        "logit_bias": tuple(bias),
+        "prediction": prediction,
+        "response_format": response_format,
+        "decoding": decoding,
+        "stream": bool(body.stream),
+        "include_usage": bool(stream_options and stream_options.include_usage),
+    }
+
+
+def to_command(body: ChatCompletionRequest | CompletionRequest) -> Generate:
+    if isinstance(body, ChatCompletionRequest):
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        top = body.top_logprobs or 0
+        if top and not body.logprobs:
+            raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise invalid(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
+        return Generate(
+            endpoint="chat.completions",
+            messages=_messages(body.messages),
+            logprobs=bool(body.logprobs),
+            top_logprobs=top,
+            **_common(body, max_tokens),
+        )
+    if body.echo:
+        raise invalid("echo is not supported", "echo")
+    if body.suffix:
+        raise invalid("suffix is not supported", "suffix")
+    prompt: str | tuple[int, ...]
+    if isinstance(body.prompt, str):
+        prompt = body.prompt
+    elif body.prompt and all(isinstance(p, int) for p in body.prompt):
+        prompt = tuple(body.prompt)  # type: ignore[arg-type]
+    elif len(body.prompt) == 1 and isinstance(body.prompt[0], str):
+        prompt = body.prompt[0]
+    elif len(body.prompt) == 1 and isinstance(body.prompt[0], list):
+        prompt = tuple(body.prompt[0])
+    else:
+        raise invalid("send one prompt per request (batched prompts are not supported)", "prompt")
+    n_lp = body.logprobs
+    if n_lp is not None and not 0 <= n_lp <= MAX_TOP_LOGPROBS:
+        raise invalid(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
+    return Generate(
+        endpoint="completions",
+        prompt=prompt,
+        logprobs=n_lp is not None,
+        top_logprobs=n_lp or 0,
+        **_common(body, body.max_tokens),
+    )
+
+
+def tokenize_command(body: TokenizeRequest) -> Generate:
+    if body.messages is not None:
+        return Generate(
+            endpoint="chat.completions", model=body.model, messages=_messages(body.messages)
+        )
+    return Generate(endpoint="completions", model=body.model, prompt=body.prompt or "")
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(0.0, seconds):.3f}s"
+
+
+def ratelimit_headers(q: Quota) -> dict[str, str]:
+    return {
+        "x-ratelimit-limit-requests": str(q.limit_requests),
+        "x-ratelimit-remaining-requests": str(q.remaining_requests),
+        "x-ratelimit-reset-requests": _duration(q.reset_requests_s),
+        "x-ratelimit-limit-tokens": str(q.limit_tokens),
+        "x-ratelimit-remaining-tokens": str(q.remaining_tokens),
+        "x-ratelimit-reset-tokens": _duration(q.reset_tokens_s),
+    }

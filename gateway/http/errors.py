@@ -1,0 +1,95 @@
+"""OpenAI's error shape for every failure: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from gateway.serving.errors import GatewayError
+
+STATUS = {
+    "invalid_request": 400,
+    "context_length": 400,
+    "authentication": 401,
+    "permission": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "rate_limited": 429,
+    "overloaded": 503,
+    "unavailable": 503,
+    "internal": 500,
+}
+TYPE = {
+    "invalid_request": "invalid_request_error",
+    "context_length": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "conflict": "conflict_error",
+    "rate_limited": "rate_limit_error",
+    "overloaded": "overloaded_error",
+    "unavailable": "service_unavailable_error",
+    "internal": "server_error",
+}
+
+
+def error_body(err: GatewayError) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": err.message,
+            "type": TYPE[err.kind],
+            "param": err.param,
+            "code": err.code,
+        }
+    }
+
+
+def error_response(err: GatewayError, headers: dict[str, str] | None = None) -> Response[Any]:
+    h = dict(headers or {})
+    if err.retry_after is not None:
+        h["retry-after"] = str(err.retry_after)
+    return Response(content=error_body(err), status_code=STATUS[err.kind], headers=h)
+
+
+def on_gateway_error(_: Request[Any, Any, Any], exc: GatewayError) -> Response[Any]:
+    return error_response(exc)
+
+
+def on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    kind = {
+        400: "invalid_request",
+        401: "authentication",
+        403: "permission",
+        404: "not_found",
+        409: "conflict",
+        429: "rate_limited",
+        503: "unavailable",
+    }.get(exc.status_code)
+    message = exc.detail
+    if isinstance(exc, ValidationException) and exc.extra:
+        message = f"{exc.detail}: {exc.extra}"
+    if kind is None:
+        body = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error" if exc.status_code < 500 else "server_error",
+                "param": None,
+                "code": None,
+            }
+        }
+        return Response(content=body, status_code=exc.status_code, headers=exc.headers)
+    return error_response(GatewayError(kind, str(message)), exc.headers)  # type: ignore[arg-type]
+
+
+def on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    request.logger.exception("unhandled error", exc_info=exc)
+    return error_response(GatewayError("internal", "internal error; the request id names it"))
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    GatewayError: on_gateway_error,
+    HTTPException: on_http_exception,
+    Exception: on_unexpected,
+}

@@ -1,0 +1,151 @@
+"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions, /tokenize."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.response import Stream
+
+from gateway.http import convert
+from gateway.http.errors import STATUS, error_body, error_response
+from gateway.http.render import ChunkWriter, full_response
+from gateway.http.schemas import (
+    BodyError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeRequest,
+    decode,
+)
+from gateway.serving import Services
+from gateway.serving.commands import Generate, Principal, RequestMeta
+from gateway.serving.errors import GatewayError, invalid
+from gateway.serving.generation import Generation
+from gateway.serving.generation import tokenize as tokenize_prompt
+
+
+def services(request: Request[Any, Any, Any]) -> Services:
+    return request.app.state.services  # type: ignore[no-any-return]
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]) -> Response[Any]:
+    svc = services(request)
+    meta = RequestMeta(uuid.uuid4().hex, endpoint, time.perf_counter())
+    base_headers = {"x-request-id": meta.request_id}
+    principal: Principal | None = None
+    cmd: Generate | None = None
+    try:
+        principal = await svc.auth.principal(request.headers.get("authorization"))
+        try:
+            body = decode(await request.body(), kind)
+        except BodyError as exc:
+            raise invalid(exc.message, exc.param) from None
+        cmd = convert.to_command(body)
+        gen = await svc.generation.start(principal, meta, cmd)
+    except GatewayError as err:
+        await svc.generation.refused(principal, meta, cmd, err)
+        return error_response(err, base_headers)
+    headers = {**gen.headers(), **convert.ratelimit_headers(gen.quota)}
+    if cmd.stream:
+        return Stream(_stream(gen), media_type="text/event-stream", headers=headers)
+    try:
+        result = await gen.collect()
+    except GatewayError as err:
+        gen.cancel()
+        await _finish_or_error(gen, STATUS[err.kind], err)
+        return error_response(err, headers)
+    audit_error = await _finish_or_error(gen, 200, None)
+    if audit_error is not None:
+        return error_response(audit_error, headers)
+    return Response(full_response(gen, result), headers=headers)
+
+
+async def _finish_or_error(
+    gen: Generation, status: int, err: GatewayError | None
+) -> GatewayError | None:
+    """Write the audit record; its failure is the request's failure (fail-closed)."""
+    try:
+        await gen.finish(status, err)
+    except GatewayError as audit_err:
+        return audit_err
+    return None
+
+
+async def _stream(gen: Generation) -> AsyncIterator[bytes]:
+    """SSE: chunks, the final chunk, usage (when asked), then [DONE]. The audit record is
+    written before the final usage chunk; a client that disconnects cancels the engine run
+    at its next step and the record is written with status 499."""
+    writer = ChunkWriter(gen)
+    completed = False
+    try:
+        first = writer.first()
+        if first is not None:
+            yield _sse(first)
+        async for delta in gen.deltas():
+            yield _sse(writer.delta(delta.text, delta.logprobs))
+        assert gen.result is not None
+        yield _sse(writer.last(gen.result))
+        audit_error = await _finish_or_error(gen, 200, None)
+        completed = True
+        if audit_error is not None:
+            yield _sse(error_body(audit_error))
+            return
+        if gen.command.include_usage:
+            yield _sse(writer.usage(gen.result))
+        yield b"data: [DONE]\n\n"
+    except GatewayError as err:
+        completed = True
+        audit_error = await _finish_or_error(gen, STATUS[err.kind], err)
+        yield _sse(error_body(audit_error or err))
+    finally:
+        gen.cancel()
+        if not completed:
+            gen.finish_detached(499)
+
+
+@post("/v1/chat/completions", status_code=200, summary="Create a chat completion")
+async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    return await _serve(request, "chat.completions", ChatCompletionRequest)
+
+
+@post("/v1/completions", status_code=200, summary="Create a completion (legacy)")
+async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    return await _serve(request, "completions", CompletionRequest)
+
+
+@get("/v1/models", summary="List the served models")
+async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    svc = services(request)
+    await svc.auth.principal(request.headers.get("authorization"))
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "gateway"}
+        for name in svc.pool.target_names()
+    ]
+    return {"object": "list", "data": data}
+
+
+@post("/tokenize", status_code=200, summary="Tokenize a prompt (vLLM's convention)")
+async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    svc = services(request)
+    await svc.auth.principal(request.headers.get("authorization"))
+    try:
+        body = decode(await request.body(), TokenizeRequest)
+    except BodyError as exc:
+        raise invalid(exc.message, exc.param) from None
+    if (body.prompt is None) == (body.messages is None):
+        raise invalid("send exactly one of prompt or messages", "prompt")
+    _, engine = svc.pool.target(body.model)
+    cmd = convert.tokenize_command(body)
+    _, ids = tokenize_prompt(engine.tokenizer, cmd)
+    return {"tokens": list(ids), "count": len(ids), "max_model_len": engine.context_length}
+
+
+ROUTES = [chat_completions, completions, list_models, tokenize]

@@ -1,0 +1,92 @@
+"""Use cases with no HTTP: build the services, run requests, shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.audit import AuditStore, AuditWriter
+from gateway.serving.admin import AdminService
+from gateway.serving.auth import Authenticator, bootstrap_admin_hash
+from gateway.serving.decisions import PolicyService
+from gateway.serving.generation import GenerationService
+from gateway.serving.models import ModelPool
+from gateway.serving.ratelimit import Limits, RateLimiter
+from gateway.serving.recorder import Recorder
+from gateway.serving.rollouts import RolloutService
+from gateway.serving.worker import InferenceWorker
+from gateway.settings import Settings
+
+log = logging.getLogger("gateway")
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: AuditStore
+    writer: AuditWriter
+    pool: ModelPool
+    worker: InferenceWorker
+    policy: PolicyService
+    recorder: Recorder
+    generation: GenerationService
+    auth: Authenticator
+    admin: AdminService
+    rollouts: RolloutService
+
+    async def readiness(self) -> dict[str, bool]:
+        try:
+            await self.store.list_tenants()
+            db = True
+        except Exception:
+            db = False
+        return {
+            "database": db,
+            "models": bool(self.pool.target_names()),
+            "worker": self.worker.depth < self.worker.capacity + self.worker.max_active,
+        }
+
+    async def close(self) -> None:
+        """Finish what was accepted: the worker's jobs, background writes, then the store."""
+        await asyncio.to_thread(self.worker.stop)
+        await self.recorder.drain()
+        await self.writer.stop()
+        await self.store.close()
+
+
+async def build_services(settings: Settings) -> Services:
+    Path(settings.var_dir).mkdir(parents=True, exist_ok=True)
+    store = await AuditStore.connect(settings.database_url, upgrade=settings.migrate_on_start)
+    writer = AuditWriter(store)
+    await writer.start()
+    pool = ModelPool.from_manifest(settings.models, settings.device, settings.dtype)
+    await asyncio.to_thread(pool.load_targets)
+    worker = InferenceWorker(settings.queue_capacity, settings.max_active)
+    worker.start()
+    limits = Limits(settings.default_requests_per_minute, settings.default_tokens_per_minute)
+    policy = PolicyService(store, settings.policies, limits)
+    await policy.start()
+    recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)
+    recorder.after_served.append(policy.observe)
+    rollouts = RolloutService(store, pool, worker, recorder)
+    await rollouts.start()
+    policy.choose_draft = rollouts.choose
+    generation = GenerationService(
+        pool=pool, worker=worker, decider=policy, limiter=RateLimiter(), recorder=recorder
+    )
+    auth = Authenticator(store, bootstrap_admin_hash(settings.admin_key, settings.var_dir))
+    return Services(
+        settings=settings,
+        store=store,
+        writer=writer,
+        pool=pool,
+        worker=worker,
+        policy=policy,
+        recorder=recorder,
+        generation=generation,
+        auth=auth,
+        admin=AdminService(store),
+        rollouts=rollouts,
+    )

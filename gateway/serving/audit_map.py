@@ -1,0 +1,119 @@
+"""Translate a request's decision, models and engine result into one audit record.
+
+serving is the only layer that sees both the policy decision and the audit store, so this
+mapping lives here (DESIGN: the audit store never imports the policy package).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+from gateway.audit import RequestRecord
+from gateway.engine import DecodeResult
+from gateway.serving.commands import Generate, Principal, RequestMeta
+from gateway.serving.errors import GatewayError
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _constraint(cmd: Generate | None) -> tuple[str, str | None]:
+    if cmd is None:
+        return "none", None
+    rf = cmd.response_format
+    if rf and rf.get("type") in ("json_object", "json_schema"):
+        spec = json.dumps(rf, sort_keys=True, separators=(",", ":"))
+        return str(rf["type"]), _sha(spec)
+    if cmd.logit_bias:
+        return "logit_bias", _sha(json.dumps(sorted(cmd.logit_bias)))
+    return "none", None
+
+
+def _requested_mode(cmd: Generate | None) -> str | None:
+    return cmd.decoding.mode if cmd and cmd.decoding else None
+
+
+def request_fields(
+    meta: RequestMeta,
+    principal: Principal | None,
+    cmd: Generate | None,
+    status: int,
+    error: GatewayError | None,
+) -> dict[str, Any]:
+    constraint, constraint_sha = _constraint(cmd)
+    return {
+        "request_id": meta.request_id,
+        "endpoint": meta.endpoint,
+        "status": status,
+        "error_type": error.kind if error else None,
+        "tenant_id": principal.tenant_id if principal else None,
+        "key_id": principal.key_id if principal else None,
+        "requested_mode": _requested_mode(cmd),
+        "temperature": cmd.temperature if cmd else None,
+        "top_p": cmd.top_p if cmd else None,
+        "top_k": cmd.top_k if cmd else None,
+        "seed": cmd.seed if cmd else None,
+        "constraint": constraint,
+        "constraint_sha256": constraint_sha,
+        "latency_ms": round((time.perf_counter() - meta.received_at) * 1000, 3),
+    }
+
+
+def refused_record(
+    meta: RequestMeta,
+    principal: Principal | None,
+    cmd: Generate | None,
+    status: int,
+    error: GatewayError,
+) -> RequestRecord:
+    return RequestRecord(**request_fields(meta, principal, cmd, status, error))
+
+
+def served_record(
+    *,
+    meta: RequestMeta,
+    principal: Principal,
+    cmd: Generate,
+    status: int,
+    error: GatewayError | None,
+    decision: Any,
+    target: Any,
+    draft: Any | None,
+    prompt_text: str,
+    prompt_tokens: int,
+    result: DecodeResult | None,
+    completion_text: str,
+    first_token_at: float | None,
+) -> RequestRecord:
+    stats = result.stats if result else None
+    speculative = decision.mode == "speculative"
+    ttft = None
+    if first_token_at is not None:
+        ttft = round((first_token_at - meta.received_at) * 1000, 3)
+    return RequestRecord(
+        **request_fields(meta, principal, cmd, status, error),
+        decision_id=decision.decision_id,
+        mode=decision.mode,
+        reason_codes=tuple(decision.reason_codes),
+        policy_revision=decision.policy_revision,
+        target_model=target.name,
+        target_version=target.version,
+        target_sha256=target.sha256,
+        proposer=decision.proposer if speculative else None,
+        draft_model=draft.name if draft else None,
+        draft_version=draft.version if draft else None,
+        draft_sha256=draft.sha256 if draft else None,
+        k_min=decision.k_min if speculative else None,
+        k_max=decision.k_max if speculative else None,
+        drafted_tokens=stats.drafted if stats else 0,
+        accepted_tokens=stats.accepted if stats else 0,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=len(result.token_ids) if result else 0,
+        ttft_ms=ttft,
+        prompt_sha256=_sha(prompt_text),
+        completion_sha256=_sha(completion_text),
+    )

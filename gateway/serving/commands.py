@@ -1,0 +1,57 @@
+"""The frozen objects that cross the http -> serving seam."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Endpoint = Literal["chat.completions", "completions"]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the admin, a tenant inference key, or a tenant auditor key."""
+
+    role: Literal["admin", "tenant", "auditor"]
+    tenant_id: str | None
+    key_id: str | None
+
+
+@dataclass(frozen=True)
+class RequestMeta:
+    request_id: str
+    endpoint: str
+    received_at: float
+    """time.perf_counter() when the request arrived (latency and TTFT start here)."""
+
+
+@dataclass(frozen=True)
+class DecodingOverride:
+    mode: Literal["auto", "speculative", "standard"] = "auto"
+    proposer: Literal["draft", "prompt_lookup", "prediction"] | None = None
+    k: int | None = None
+
+
+@dataclass(frozen=True)
+class Generate:
+    """One generation request, already checked for shape by the HTTP layer."""
+
+    endpoint: Endpoint
+    model: str
+    messages: tuple[dict[str, str], ...] | None = None
+    prompt: str | tuple[int, ...] | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    prediction: str | None = None
+    response_format: dict[str, Any] | None = None
+    decoding: DecodingOverride | None = None
+    stream: bool = False
+    include_usage: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,293 @@
+"""Feeds the policy decision point and keeps what it learns.
+
+``PolicyService`` owns the active policy bundle (files on disk + tenant documents put
+through the admin API, persisted so restarts and replicas agree), the acceptance history
+(an in-memory view of the database's acceptance_stats rows, refreshed periodically and
+written through after each speculative request) and each tenant's last auto outcome
+(hysteresis). It turns a request into a ``DecisionContext`` and the decision into a
+``Plan`` that the generation service executes.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.audit import AdminEvent, AuditStore
+from gateway.serving.commands import DecodingOverride
+from gateway.serving.errors import invalid
+from gateway.serving.ratelimit import Limits
+from policies import (
+    Activation,
+    Capabilities,
+    Decision,
+    DecisionContext,
+    HistoryEntry,
+    Load,
+    PolicyError,
+    PolicyStore,
+    RequestFeatures,
+    decide,
+    update_history,
+)
+
+log = logging.getLogger("gateway.policy")
+GLOBAL = "*"
+REFRESH_S = 5.0
+HistoryKey = tuple[str, str, str]  # (tenant, proposer, draft_version or "")
+
+
+@dataclass(frozen=True)
+class RequestFeaturesIn:
+    """What serving knows of a request before deciding (never its text)."""
+
+    endpoint: str
+    model: str
+    override: DecodingOverride | None
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    has_prediction: bool
+    constraint: str
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The decision plus the tenant's limits and lists that the request runs under."""
+
+    decision: Decision
+    limits: Limits
+    allowed_token_ids: tuple[int, ...] | None
+    banned_token_ids: tuple[int, ...]
+    retention_days: int
+    ewma_alpha: float
+
+
+DraftChooser = Callable[[str, str, str, Callable[[str], bool]], str | None]
+"""(target, request_id, tenant_id, tenant_allows_version) -> the rollout's pick or None."""
+
+
+class PolicyService:
+    def __init__(self, store: AuditStore, policy_dir: str, defaults: Limits) -> None:
+        self.store = store
+        self.policy_dir = policy_dir
+        self.defaults = defaults
+        self.policies = PolicyStore()
+        self.history: dict[HistoryKey, HistoryEntry] = {}
+        self.previous_mode: dict[str, str] = {}
+        self.choose_draft: DraftChooser = lambda *_: None
+        self._refreshed = 0.0
+        self._rng = random.Random()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        activation = self.policies.load_dir(self.policy_dir)
+        applied: set[str] = set()
+        for row in await self.store.list_policies():  # newest first per tenant
+            if row["tenant_id"] == GLOBAL or row["tenant_id"] in applied:
+                continue
+            applied.add(row["tenant_id"])
+            try:
+                self.policies.put_tenant(row["tenant_id"], row["document"])
+            except PolicyError as exc:
+                log.error("stored policy for %s no longer validates: %s", row["tenant_id"], exc)
+        await self._event("gateway", "policy.activated", "bundle", activation)
+        await self.refresh_history(force=True)
+
+    async def _event(self, actor: str, action: str, subject: str, activation: Activation) -> None:
+        if activation.changed:
+            await self.store.append_admin(
+                AdminEvent(
+                    actor,
+                    action,
+                    subject,
+                    {"revision": activation.before} if activation.before else None,
+                    {
+                        "revision": activation.after,
+                        "version": activation.version,
+                        "source": activation.source,
+                    },
+                )
+            )
+
+    async def refresh_history(self, force: bool = False) -> None:
+        """Reload the shared history from the database (other replicas write it too)."""
+        if not force and time.monotonic() - self._refreshed < REFRESH_S:
+            return
+        self._refreshed = time.monotonic()
+        rows = await self.store.list_acceptance()
+        self.history = {
+            (r["tenant_id"], r["proposer"], r["draft_version"]): HistoryEntry(
+                acceptance=r["ewma_acceptance"], c=r["ewma_c"], samples=r["samples"]
+            )
+            for r in rows
+        }
+
+    # -- per request ----------------------------------------------------------------------
+
+    def _histories(self, tenant: str) -> tuple[dict[Any, HistoryEntry], dict[Any, HistoryEntry]]:
+        mine: dict[Any, HistoryEntry] = {}
+        everyone: dict[Any, HistoryEntry] = {}
+        for (t, proposer, version), entry in self.history.items():
+            key = (proposer, version or None)
+            if t == tenant:
+                mine[key] = entry
+            elif t == GLOBAL:
+                everyone[key] = entry
+        return mine, everyone
+
+    def context(
+        self,
+        tenant: str,
+        request_id: str,
+        f: RequestFeaturesIn,
+        draft_versions: tuple[str, ...],
+        depth: int,
+        capacity: int,
+    ) -> DecisionContext:
+        policy = self.policies.active.policy_for(tenant)
+        preferred = self.choose_draft(
+            f.model, request_id, tenant, policy.speculation.allows_draft_version
+        )
+        mine, everyone = self._histories(tenant)
+        o = f.override
+        return DecisionContext(
+            tenant_id=tenant,
+            request=RequestFeatures(
+                endpoint=f.endpoint,
+                model=f.model,
+                requested_mode=o.mode if o else None,
+                requested_proposer=o.proposer if o else None,
+                requested_k=o.k if o else None,
+                max_tokens=f.max_tokens,
+                temperature=f.temperature,
+                top_p=f.top_p,
+                seed=f.seed,
+                has_prediction=f.has_prediction,
+                constraint=f.constraint,
+                prompt_tokens=f.prompt_tokens,
+            ),
+            history=mine,
+            global_history=everyone,
+            load=Load(queue_depth=depth, capacity=capacity),
+            capabilities=Capabilities(draft_versions, preferred),
+            previous_mode=self.previous_mode.get(tenant),
+            probe_draw=self._rng.random(),
+            decision_id=uuid.uuid4().hex,
+        )
+
+    async def decide(
+        self,
+        tenant: str,
+        request_id: str,
+        f: RequestFeaturesIn,
+        draft_versions: tuple[str, ...],
+        worker: Any,
+    ) -> Plan:
+        await self.refresh_history()
+        ctx = self.context(tenant, request_id, f, draft_versions, worker.depth, worker.capacity)
+        bundle = self.policies.active
+        decision = decide(bundle, ctx)
+        if decision.auto_outcome is not None:
+            self.previous_mode[tenant] = decision.auto_outcome
+        policy = bundle.policy_for(tenant)
+        limits = Limits(
+            requests_per_minute=policy.rate_limits.requests_per_minute
+            or self.defaults.requests_per_minute,
+            tokens_per_minute=policy.rate_limits.tokens_per_minute
+            or self.defaults.tokens_per_minute,
+        )
+        if policy.rate_limits.enforcement == "dryrun":
+            limits = Limits(10**9, 10**12)
+        return Plan(
+            decision=decision,
+            limits=limits,
+            allowed_token_ids=policy.tokens.allowed_token_ids or None,
+            banned_token_ids=policy.tokens.banned_token_ids,
+            retention_days=policy.payload_retention_days,
+            ewma_alpha=policy.auto.ewma_alpha,
+        )
+
+    async def observe(self, gen: Any, plan: Plan) -> None:
+        """Fold a finished speculative request into the tenant's and the global history."""
+        d = plan.decision
+        stats = gen.result.stats if gen.result else None
+        if d.mode != "speculative" or stats is None or not stats.drafted:
+            return
+        version = d.draft_version or ""
+        for tenant in (d.tenant_id, GLOBAL):
+            key = (tenant, d.proposer, version)
+            entry = update_history(
+                self.history.get(key), stats.drafted, stats.accepted, stats.c, plan.ewma_alpha
+            )
+            self.history[key] = entry
+            await self.store.put_acceptance(
+                tenant,
+                d.proposer,
+                version,
+                ewma_acceptance=entry.acceptance,
+                ewma_c=entry.c,
+                samples=entry.samples,
+            )
+
+    # -- admin ----------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        bundle = self.policies.active
+        return {"revision": bundle.revision, "version": bundle.version, "bundle": bundle.to_dict()}
+
+    async def put_tenant(self, tenant: str, doc: dict[str, Any], actor: str) -> dict[str, Any]:
+        try:
+            activation = self.policies.put_tenant(tenant, doc)
+        except PolicyError as exc:
+            raise invalid(f"invalid policy document: {exc}", "document") from None
+        if activation.changed:
+            await self.store.put_policy(tenant, doc, activation.after, actor=actor)
+        return {"tenant": tenant, **activation.to_dict()}
+
+    async def reload(self, actor: str) -> dict[str, Any]:
+        try:
+            activation = self.policies.load_dir(self.policy_dir)
+        except PolicyError as exc:
+            raise invalid(
+                f"the policy files were refused, the active bundle stays: {exc}"
+            ) from None
+        await self._event(actor, "policy.activated", "bundle", activation)
+        return activation.to_dict()
+
+    async def resolve(self, body: dict[str, Any], depth: int) -> dict[str, Any]:
+        tenant = body.get("tenant")
+        request = body.get("request") or {}
+        if not isinstance(tenant, str) or not isinstance(request, dict):
+            raise invalid('send {"tenant": str, "request": {...}}', "tenant")
+        override = None
+        if isinstance(request.get("decoding"), dict):
+            d = request["decoding"]
+            override = DecodingOverride(d.get("mode", "auto"), d.get("proposer"), d.get("k"))
+        try:
+            f = RequestFeaturesIn(
+                endpoint=str(request.get("endpoint", "chat.completions")),
+                model=str(request.get("model", "")),
+                override=override,
+                max_tokens=int(request.get("max_tokens", 256)),
+                temperature=float(request.get("temperature", 1.0)),
+                top_p=float(request.get("top_p", 1.0)),
+                seed=request.get("seed"),
+                has_prediction=bool(request.get("prediction")),
+                constraint=str(request.get("constraint", "none")),
+                prompt_tokens=int(request.get("prompt_tokens", 0)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise invalid(f"bad request features: {exc}", "request") from None
+        versions = tuple(request.get("draft_versions", ()))
+        ctx = self.context(tenant, "dry-run", f, versions, depth, 0)
+        decision = decide(self.policies.active, ctx)
+        return {"decision": decision.to_dict()}

@@ -1,0 +1,95 @@
+"""The model pool: targets and draft versions loaded from the manifest, on one device.
+
+Drafts load lazily and can be loaded or unloaded while the gateway runs: a request holds a
+reference to the LoadedModel it started with, so unloading only drops the pool's reference
+and requests in flight finish on their version.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.engine import Engine, LoadedModel, check_pair, load_model
+from gateway.serving.errors import GatewayError
+from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
+
+
+@dataclass(frozen=True)
+class DraftHandle:
+    entry: ModelEntry
+    model: LoadedModel
+
+
+class ModelPool:
+    def __init__(self, manifest: Manifest, device: str | None, dtype: str | None) -> None:
+        self.manifest = manifest
+        self.device = device
+        self.dtype = dtype
+        self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
+        self._drafts: dict[tuple[str, str], DraftHandle] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_manifest(cls, path: str, device: str | None, dtype: str | None) -> ModelPool:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
+        return cls(load_manifest(path), device, dtype)
+
+    def load_targets(self) -> None:
+        for entry in self.manifest.targets():
+            self.target(entry.name)
+
+    # -- targets -----------------------------------------------------------------------
+
+    def target_names(self) -> list[str]:
+        return [e.name for e in self.manifest.targets()]
+
+    def target(self, name: str) -> tuple[ModelEntry, Engine]:
+        with self._lock:
+            if name in self._engines:
+                return self._engines[name]
+        entries = [e for e in self.manifest.targets() if e.name == name]
+        if not entries:
+            raise GatewayError(
+                "not_found",
+                f"The model '{name}' does not exist or you do not have access to it.",
+                param="model",
+                code="model_not_found",
+            )
+        entry = entries[-1]
+        verify_sha256(entry)
+        engine = Engine(load_model(str(entry.path), device=self.device, dtype=self.dtype))
+        with self._lock:
+            self._engines.setdefault(name, (entry, engine))
+            return self._engines[name]
+
+    # -- drafts ------------------------------------------------------------------------
+
+    def draft_versions(self, target: str) -> tuple[str, ...]:
+        return tuple(e.version for e in self.manifest.drafts_for(target))
+
+    def draft(self, target: str, version: str) -> DraftHandle:
+        entry = next((e for e in self.manifest.drafts_for(target) if e.version == version), None)
+        if entry is None:
+            raise GatewayError("not_found", f"no draft version {version} for {target}")
+        key = (entry.name, entry.version)
+        with self._lock:
+            handle = self._drafts.get(key)
+        if handle is not None:
+            return handle
+        verify_sha256(entry)
+        _, engine = self.target(target)
+        model = load_model(str(entry.path), device=self.device, dtype=self.dtype)
+        check_pair(engine.target, model)
+        with self._lock:
+            return self._drafts.setdefault(key, DraftHandle(entry, model))
+
+    def unload_draft(self, name: str, version: str) -> bool:
+        with self._lock:
+            return self._drafts.pop((name, version), None) is not None
+
+    def loaded_drafts(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return sorted(self._drafts)

@@ -1,0 +1,75 @@
+"""Typed settings, read from the environment (GATEWAY_*), with documented defaults.
+
+Every field below is one environment variable: the field name upper-cased with the
+GATEWAY_ prefix (``port`` -> ``GATEWAY_PORT``). The README lists them too.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _default_models() -> str:
+    return str(ROOT / "models_registry" / "demo" / "manifest.yaml")
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    """Interface the HTTP server binds to."""
+    port: int = 8000
+    """TCP port of the HTTP server."""
+    database_url: str = f"sqlite+aiosqlite:///{ROOT / 'var' / 'gateway.db'}"
+    """Any SQLAlchemy async URL; PostgreSQL via postgresql+asyncpg://user@host/db."""
+    migrate_on_start: bool = True
+    """Run Alembic upgrade head at start (production runs the migrate job instead)."""
+    admin_key: str | None = None
+    """Bootstrap admin bearer key. If unset, one is generated on first start, printed once
+    and its hash kept in var/admin_key.sha256."""
+    models: str = field(default_factory=_default_models)
+    """Model manifest (YAML). Default: the bundled demo pair in models_registry/demo."""
+    policies: str = str(ROOT / "policies" / "bundles")
+    """Folder of policy bundles (default.yaml and tenants/*.yaml)."""
+    device: str | None = None
+    """torch device for the models (cuda, cpu); default CUDA when present, else CPU."""
+    dtype: str | None = None
+    """Model dtype (float32, bfloat16, float16); default fp32 on CPU, bf16 on CUDA."""
+    queue_capacity: int = 32
+    """Requests that may wait for the inference worker before 503 Overloaded."""
+    max_active: int = 4
+    """Requests the worker interleaves step by step (each keeps its own KV cache)."""
+    audit_fail_closed: bool = True
+    """If the audit store cannot be written, refuse inference with 503 (default)."""
+    default_requests_per_minute: int = 600
+    """Per-tenant request rate limit when the tenant's policy sets none."""
+    default_tokens_per_minute: int = 200_000
+    """Per-tenant token rate limit (prompt + max completion) when the policy sets none."""
+    log_level: str = "info"
+    """Log level of the JSON logs (debug, info, warning, error)."""
+    var_dir: str = str(ROOT / "var")
+    """Folder for local state (SQLite database, admin key hash)."""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Settings:
+        env = dict(os.environ if env is None else env)
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(f"GATEWAY_{f.name.upper()}")
+            if raw is None:
+                continue
+            values[f.name] = _parse(raw, f.type)
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _parse(raw: str, type_name: object) -> object:
+    kind = str(type_name)
+    if kind.startswith("bool"):
+        return raw.strip().lower() in {"1", "true", "yes", "on"}
+    if kind.startswith("int"):
+        return int(raw)
+    return raw
