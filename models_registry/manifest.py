@@ -1,0 +1,269 @@
+"""The model manifest: which target and draft versions exist, where, and their hashes.
+
+``manifest.yaml`` holds a ``models:`` list; each entry's ``path`` is relative to the
+manifest's folder (absolute paths are kept). After loading, every ``ModelEntry.path`` is
+absolute. Drafts name their target by model name; a draft fits every version of it that
+shares its tokenizer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import yaml
+
+from models_registry.compat import check_tokenizer_compatible, read_tokenizer
+from models_registry.errors import IntegrityError, ManifestError, ModelNotFound
+from models_registry.weights import read_config, sha256_files, weight_files, weights_info
+
+Role = Literal["target", "draft"]
+ROLES: tuple[Role, ...] = ("target", "draft")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_REQUIRED = ("name", "version", "role", "path", "sha256")
+_OPTIONAL_STR = ("architecture", "tokenizer", "dtype", "trained_on", "target")
+_OPTIONAL_INT = ("parameters", "layers", "hidden")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model version in the manifest."""
+
+    name: str
+    version: str
+    role: Role
+    path: Path
+    """Directory holding config.json, tokenizer files and *.safetensors (absolute once loaded)."""
+    sha256: str
+    """SHA-256 of model.safetensors (or of all shards' bytes concatenated in name order)."""
+    architecture: str | None = None
+    parameters: int | None = None
+    tokenizer: str | None = None
+    target: str | None = None
+    """For drafts: the target model name this draft proposes for."""
+    layers: int | None = None
+    hidden: int | None = None
+    dtype: str | None = None
+    trained_on: str | None = None
+
+    @property
+    def key(self) -> str:
+        """``name@version``, the form used in messages and logs."""
+        return f"{self.name}@{self.version}"
+
+    def to_dict(self, relative_to: Path | None = None) -> dict[str, Any]:
+        """Manifest-shaped dict (None fields dropped); path made relative when possible."""
+        path = self.path
+        if relative_to is not None and path.is_relative_to(relative_to):
+            path = path.relative_to(relative_to)
+        out: dict[str, Any] = {
+            "name": self.name,
+            "version": self.version,
+            "role": self.role,
+            "path": str(path),
+            "sha256": self.sha256,
+        }
+        for key in (*_OPTIONAL_STR, *_OPTIONAL_INT):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+def version_key(version: str) -> tuple[tuple[int, str], ...]:
+    """Natural order: "2" < "10", "1.9" < "1.10"; non-numeric parts compare as text."""
+    return tuple((int(p), "") if p.isdigit() else (-1, p) for p in re.split(r"[.\-_]", version))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """All registered model versions, in file order."""
+
+    entries: tuple[ModelEntry, ...]
+    root: Path
+    """The manifest's folder: relative paths resolve against it."""
+
+    def targets(self) -> tuple[ModelEntry, ...]:
+        return tuple(e for e in self.entries if e.role == "target")
+
+    def drafts(self) -> tuple[ModelEntry, ...]:
+        return tuple(e for e in self.entries if e.role == "draft")
+
+    def drafts_for(self, target: str) -> tuple[ModelEntry, ...]:
+        """Drafts whose ``target`` is this target name, oldest version first."""
+        found = [e for e in self.drafts() if e.target == target]
+        return tuple(sorted(found, key=lambda e: version_key(e.version)))
+
+    def versions(self, name: str) -> tuple[str, ...]:
+        found = [e.version for e in self.entries if e.name == name]
+        return tuple(sorted(found, key=version_key))
+
+    def get(self, name: str, version: str | None = None) -> ModelEntry:
+        """The entry ``name@version``, or the newest version of ``name`` when version is None."""
+        matches = [e for e in self.entries if e.name == name]
+        if not matches:
+            known = ", ".join(sorted({e.name for e in self.entries})) or "none"
+            raise ModelNotFound(f"model {name!r} is not in the manifest (known: {known})")
+        if version is None:
+            return max(matches, key=lambda e: version_key(e.version))
+        for entry in matches:
+            if entry.version == str(version):
+                return entry
+        have = ", ".join(self.versions(name))
+        raise ModelNotFound(f"{name}@{version} is not in the manifest (versions: {have})")
+
+    def with_entry(self, entry: ModelEntry) -> Manifest:
+        """A new manifest with ``entry`` appended; duplicates and dangling targets rejected."""
+        return Manifest(entries=_validated((*self.entries, entry)), root=self.root)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"models": [e.to_dict(relative_to=self.root) for e in self.entries]}
+
+
+def _entry_from_dict(raw: object, root: Path, index: int) -> ModelEntry:
+    where = f"models[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ManifestError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    where = f"models[{index}] ({raw.get('name', '?')}@{raw.get('version', '?')})"
+    unknown = sorted(set(raw) - {*_REQUIRED, *_OPTIONAL_STR, *_OPTIONAL_INT})
+    if unknown:
+        raise ManifestError(f"{where}: unknown field {unknown[0]!r}")
+    for key in _REQUIRED:
+        if raw.get(key) in (None, ""):
+            raise ManifestError(f"{where}: missing required field {key!r}")
+    fields: dict[str, Any] = {k: str(raw[k]) for k in _REQUIRED}
+    for key in _OPTIONAL_STR:
+        fields[key] = None if raw.get(key) is None else str(raw[key])
+    for key in _OPTIONAL_INT:
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ManifestError(f"{where}: field {key!r} must be an integer, got {value!r}")
+        fields[key] = value
+    path = Path(fields.pop("path")).expanduser()
+    return ModelEntry(path=(root / path).resolve(), **fields)
+
+
+def _validated(entries: tuple[ModelEntry, ...]) -> tuple[ModelEntry, ...]:
+    seen: set[str] = set()
+    target_names = {e.name for e in entries if e.role == "target"}
+    for e in entries:
+        if e.role not in ROLES:
+            raise ManifestError(f"{e.key}: role must be 'target' or 'draft', got {e.role!r}")
+        if not _SHA256.match(e.sha256):
+            raise ManifestError(f"{e.key}: sha256 must be 64 lowercase hex digits")
+        if e.key in seen:
+            raise ManifestError(f"{e.key}: listed twice")
+        seen.add(e.key)
+        if e.role == "draft" and not e.target:
+            raise ManifestError(f"{e.key}: a draft must name its 'target'")
+        if e.role == "target" and e.target:
+            raise ManifestError(f"{e.key}: a target must not name a 'target'")
+        if e.role == "draft" and e.target not in target_names:
+            raise ManifestError(f"{e.key}: target {e.target!r} is not a target in the manifest")
+    return entries
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Parse and validate a manifest file; entry paths become absolute."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelNotFound(f"manifest {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path}: invalid YAML: {exc}") from exc
+    if not isinstance(data, Mapping) or not isinstance(data.get("models"), list):
+        raise ManifestError(f"{path}: expected a top-level 'models:' list")
+    root = path.parent.resolve()
+    entries = tuple(_entry_from_dict(raw, root, i) for i, raw in enumerate(data["models"]))
+    return Manifest(entries=_validated(entries), root=root)
+
+
+def dump_manifest(manifest: Manifest, path: str | Path) -> None:
+    """Write ``manifest`` as YAML; paths under the manifest's root are written relative."""
+    text = yaml.safe_dump(manifest.to_dict(), sort_keys=False)
+    Path(path).write_text(text, encoding="utf-8")
+
+
+def verify_sha256(entry: ModelEntry) -> None:
+    """Hash the entry's weights; raise IntegrityError on mismatch, ModelNotFound if absent."""
+    actual = sha256_files(weight_files(entry.path))
+    if actual != entry.sha256:
+        raise IntegrityError(
+            f"{entry.key}: sha256 mismatch: manifest says {entry.sha256[:12]}..., "
+            f"file has {actual[:12]}... ({entry.path})"
+        )
+
+
+def register(
+    manifest: Manifest,
+    model_dir: str | Path,
+    name: str,
+    version: str,
+    role: Role,
+    target: str | None = None,
+    *,
+    tokenizer: str | None = None,
+    trained_on: str | None = None,
+) -> ModelEntry:
+    """Describe a local model directory as a new entry (not yet added: see ``with_entry``).
+
+    Hashes the weights, counts parameters from the safetensors headers, reads the
+    architecture from config.json and, for drafts, checks the tokenizer against the newest
+    version of ``target``. The tokenizer label defaults to the target's label (drafts) or the
+    tokenizer's fingerprint.
+    """
+    model_dir = Path(model_dir).expanduser().resolve()
+    version = str(version)
+    if role not in ROLES:
+        raise ManifestError(f"{name}@{version}: role must be 'target' or 'draft', got {role!r}")
+    if any(e.name == name and e.version == version for e in manifest.entries):
+        raise ManifestError(f"{name}@{version}: already registered")
+    config = read_config(model_dir) if model_dir.is_dir() else None
+    weights = weights_info(model_dir)  # raises ModelNotFound for a missing dir / weights
+    if config is None or config.architecture is None:
+        raise ModelNotFound(f"{model_dir}: config.json with 'architectures' is required")
+    label = tokenizer
+    if role == "draft":
+        if not target:
+            raise ManifestError(f"{name}@{version}: a draft must name its target")
+        target_entry = manifest.get(target)
+        if target_entry.role != "target":
+            raise ManifestError(f"{name}@{version}: {target_entry.key} is not a target")
+        shared = check_tokenizer_compatible(model_dir, target_entry.path)
+        label = label or target_entry.tokenizer or shared.fingerprint
+    elif target:
+        raise ManifestError(f"{name}@{version}: a target must not name a 'target'")
+    if label is None:
+        label = read_tokenizer(model_dir).fingerprint
+    return ModelEntry(
+        name=name,
+        version=version,
+        role=cast(Role, role),
+        path=model_dir,
+        sha256=sha256_files(weights.files),
+        architecture=config.architecture,
+        parameters=weights.parameters,
+        tokenizer=label,
+        target=target if role == "draft" else None,
+        layers=config.layers,
+        hidden=config.hidden,
+        dtype=weights.dtype,
+        trained_on=trained_on,
+    )
+
+
+__all__ = [
+    "ROLES",
+    "Manifest",
+    "ModelEntry",
+    "Role",
+    "dump_manifest",
+    "load_manifest",
+    "register",
+    "verify_sha256",
+    "version_key",
+]
