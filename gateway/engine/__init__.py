@@ -1,0 +1,52 @@
+"""gateway.engine: exact speculative and standard decoding on local transformers models.
+
+Leaf package: torch + transformers only (no tenants, HTTP, database or YAML).
+"""
+
+from gateway.engine.constraints import Grammar, TokenSequencesGrammar
+from gateway.engine.engine import Engine
+from gateway.engine.errors import (
+    EmptyPrompt,
+    EngineError,
+    GrammarDeadEnd,
+    InvalidRequest,
+    PromptTooLong,
+    VocabularyMismatch,
+)
+from gateway.engine.models import LoadedModel, check_pair, crop_cache, load_model, wrap_model
+from gateway.engine.proposers import Proposal, Proposer
+from gateway.engine.schema import (
+    DecodeRequest,
+    DecodeResult,
+    Delta,
+    Finished,
+    SamplingParams,
+    TokenLogprob,
+)
+from gateway.engine.stats import DecodeStats
+
+__all__ = [
+    "DecodeRequest",
+    "DecodeResult",
+    "DecodeStats",
+    "Delta",
+    "EmptyPrompt",
+    "Engine",
+    "EngineError",
+    "Finished",
+    "Grammar",
+    "GrammarDeadEnd",
+    "InvalidRequest",
+    "LoadedModel",
+    "PromptTooLong",
+    "Proposal",
+    "Proposer",
+    "SamplingParams",
+    "TokenLogprob",
+    "TokenSequencesGrammar",
+    "VocabularyMismatch",
+    "check_pair",
+    "crop_cache",
+    "load_model",
+    "wrap_model",
+]

@@ -1,0 +1,6 @@
+"""Output constraints: the Grammar protocol and simple implementations."""
+
+from gateway.engine.constraints.base import Grammar
+from gateway.engine.constraints.token_list import TokenSequencesGrammar
+
+__all__ = ["Grammar", "TokenSequencesGrammar"]

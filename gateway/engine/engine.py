@@ -1,0 +1,173 @@
+"""Engine: validates a request, wires shaper / generator / proposer, runs the loop."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Iterator
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from gateway.engine.errors import EmptyPrompt, InvalidRequest, PromptTooLong
+from gateway.engine.kpolicy import KPolicy
+from gateway.engine.loop import LoopConfig, decode
+from gateway.engine.models import LoadedModel, check_pair
+from gateway.engine.output import OutputBuilder
+from gateway.engine.proposers.base import Proposer
+from gateway.engine.proposers.draft_model import DraftModelProposer
+from gateway.engine.proposers.prediction import PredictionProposer
+from gateway.engine.proposers.prompt_lookup import PromptLookupProposer
+from gateway.engine.sampling import LogitsShaper
+from gateway.engine.schema import DecodeRequest, DecodeResult, Delta, Finished, SamplingParams
+from gateway.engine.stats import DecodeStats
+
+MAX_K = 64
+MAX_TOP_LOGPROBS = 20
+
+
+class Engine:
+    """Decodes one request at a time on a target model, standard or speculative."""
+
+    def __init__(self, target: LoadedModel) -> None:
+        self._target = target
+        self._checked_drafts: dict[int, LoadedModel] = {}
+        self.token_str: Callable[[int], str] = lru_cache(maxsize=65536)(self._token_str)
+
+    @property
+    def target(self) -> LoadedModel:
+        return self._target
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._target.tokenizer
+
+    @property
+    def context_length(self) -> int:
+        return self._target.context_length
+
+    def _token_str(self, token_id: int) -> str:
+        return str(self._target.tokenizer.decode([token_id]))
+
+    def stream(
+        self,
+        req: DecodeRequest,
+        draft: LoadedModel | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Iterator[Delta | Finished]:
+        """Validate now (errors raise before the first item), then yield deltas and, last,
+        one Finished with the whole result."""
+        cfg = self._prepare(req, draft)
+        return decode(cfg, cancelled)
+
+    def run(self, req: DecodeRequest, draft: LoadedModel | None = None) -> DecodeResult:
+        for item in self.stream(req, draft):
+            if isinstance(item, Finished):
+                return item.result
+        raise AssertionError("the decode loop ended without a Finished item")
+
+    # -- preparation ---------------------------------------------------------------------
+
+    def _prepare(self, req: DecodeRequest, draft: LoadedModel | None) -> LoopConfig:
+        t = self._target
+        sp = req.sampling
+        self._validate(req)
+        shaper = self._shaper(sp, t.vocab_size, t.device)
+        seed = sp.seed if sp.seed is not None else secrets.randbits(63)
+        generator = torch.Generator(device=t.device).manual_seed(seed)
+        stats = DecodeStats(mode=req.mode)
+        proposer: Proposer | None = None
+        policy = None
+        draft_ctx = None
+        if req.mode == "speculative":
+            name = req.proposer or "draft"
+            stats.proposer = name
+            if name == "draft":
+                if draft is None:
+                    raise InvalidRequest("speculative decoding with proposer 'draft' needs a draft")
+                self._check_draft(draft)
+                d_shaper = self._shaper(sp, draft.vocab_size, draft.device)
+                proposer = DraftModelProposer(
+                    draft, d_shaper, generator, req.grammar, t.eos_token_ids
+                )
+                draft_ctx = draft.context_length
+            elif name == "prompt_lookup":
+                proposer = PromptLookupProposer()
+            elif name == "prediction":
+                if not req.prediction:
+                    raise InvalidRequest("proposer 'prediction' needs the prediction text")
+                ids = t.tokenizer(req.prediction, add_special_tokens=False)["input_ids"]
+                proposer = PredictionProposer(ids, len(req.prompt_ids))
+            else:
+                raise InvalidRequest(f"unknown proposer {name!r}")
+            policy = KPolicy(req.k_min, req.k_max)
+        output = OutputBuilder(t.tokenizer, req.prompt_ids, sp.stop, t.eos_token_ids, sp.max_tokens)
+        return LoopConfig(
+            target=t,
+            prompt_ids=req.prompt_ids,
+            shaper=shaper,
+            generator=generator,
+            output=output,
+            stats=stats,
+            max_tokens=sp.max_tokens,
+            top_logprobs=sp.top_logprobs if sp.logprobs else None,
+            token_str=self.token_str,
+            grammar=req.grammar,
+            proposer=proposer,
+            policy=policy,
+            draft_context_length=draft_ctx,
+        )
+
+    @staticmethod
+    def _shaper(sp: SamplingParams, vocab_size: int, device: torch.device) -> LogitsShaper:
+        return LogitsShaper.build(
+            vocab_size,
+            device,
+            sp.temperature,
+            sp.top_p,
+            sp.top_k,
+            sp.logit_bias,
+            sp.allowed_token_ids,
+            sp.banned_token_ids,
+        )
+
+    def _check_draft(self, draft: LoadedModel) -> None:
+        if self._checked_drafts.get(id(draft)) is draft:
+            return
+        check_pair(self._target, draft)
+        self._checked_drafts[id(draft)] = draft
+
+    def _validate(self, req: DecodeRequest) -> None:
+        t, sp = self._target, req.sampling
+        vocab = t.vocab_size
+        if not req.prompt_ids:
+            raise EmptyPrompt()
+        if len(req.prompt_ids) >= t.context_length:
+            raise PromptTooLong(len(req.prompt_ids), t.context_length)
+        if any(not 0 <= i < vocab for i in req.prompt_ids):
+            raise InvalidRequest(f"prompt token ids must lie in [0, {vocab})")
+        if req.mode not in ("standard", "speculative"):
+            raise InvalidRequest(f"unknown mode {req.mode!r}")
+        if not (math.isfinite(sp.temperature) and sp.temperature >= 0):
+            raise InvalidRequest("temperature must be a finite number >= 0")
+        if not 0.0 < sp.top_p <= 1.0:
+            raise InvalidRequest("top_p must lie in (0, 1]")
+        if sp.top_k < 0:
+            raise InvalidRequest("top_k must be >= 0 (0 turns it off)")
+        if sp.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be >= 1")
+        if not 0 <= sp.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs must lie in [0, {MAX_TOP_LOGPROBS}]")
+        for i, v in sp.logit_bias:
+            if not 0 <= i < vocab or not math.isfinite(v):
+                raise InvalidRequest(f"logit_bias entry ({i}, {v}) is out of range")
+        ids = (*(sp.allowed_token_ids or ()), *sp.banned_token_ids)
+        if any(not 0 <= i < vocab for i in ids):
+            raise InvalidRequest(f"allowed/banned token ids must lie in [0, {vocab})")
+        if sp.allowed_token_ids is not None and not set(sp.allowed_token_ids) - set(
+            sp.banned_token_ids
+        ):
+            raise InvalidRequest("allowed_token_ids minus banned_token_ids is empty")
+        if req.mode == "speculative" and not 1 <= req.k_min <= req.k_max <= MAX_K:
+            raise InvalidRequest(f"need 1 <= k_min <= k_max <= {MAX_K}")

@@ -1,0 +1,217 @@
+"""The decoding loop: standard decoding is the speculative loop with k = 0.
+
+Invariant: the target's KV cache holds every committed token except the last one, so each
+step feeds [last committed token, d_1..d_n] (n = 0 in standard mode) in ONE forward and gets
+n + 1 target distributions back (see verifier.py for accepted / recovered / bonus).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from gateway.engine.constraints.base import Grammar, next_token_mask
+from gateway.engine.errors import GrammarDeadEnd
+from gateway.engine.kpolicy import KPolicy
+from gateway.engine.models import LoadedModel, cache_kwarg, crop_cache, forward_logits
+from gateway.engine.output import OutputBuilder, token_logprobs
+from gateway.engine.proposers.base import Proposer
+from gateway.engine.sampling import LogitsShaper
+from gateway.engine.schema import DecodeResult, Delta, Finished
+from gateway.engine.stats import DecodeStats
+from gateway.engine.verifier import verify_greedy, verify_sampled
+
+
+class TargetRunner:
+    """The target model and one request's KV cache."""
+
+    def __init__(self, lm: LoadedModel) -> None:
+        self._model = lm.model
+        self._device = lm.device
+        self._kwarg = cache_kwarg(lm.model)
+        self.cache = DynamicCache()
+        self.forwards = 0
+        self.decode_forwards = 0
+        self.decode_forward_s = 0.0
+
+    def forward(self, ids: list[int], keep: int = 0) -> torch.Tensor:
+        """Logits of the last `keep` positions (all when 0): (keep or len(ids), V)."""
+        logits = forward_logits(self._model, self._kwarg, ids, self.cache, self._device, keep)
+        self.forwards += 1
+        return logits  # (t, V)
+
+    def crop(self, length: int) -> None:
+        crop_cache(self.cache, length)
+
+
+@dataclass
+class LoopConfig:
+    """Everything one request's loop needs, prepared and validated by Engine."""
+
+    target: LoadedModel
+    prompt_ids: tuple[int, ...]
+    shaper: LogitsShaper
+    generator: torch.Generator | None
+    output: OutputBuilder
+    stats: DecodeStats
+    max_tokens: int
+    top_logprobs: int | None  # None => no logprobs
+    token_str: Callable[[int], str]
+    grammar: Grammar | None = None
+    proposer: Proposer | None = None
+    policy: KPolicy | None = None
+    draft_context_length: int | None = None
+
+
+def _masks(cfg: LoopConfig, draft: list[int]) -> tuple[list[int], int, torch.Tensor | None]:
+    """Walk the grammar along the draft: one mask per verified position (n + 1, V).
+
+    The draft is cut before its first token the grammar forbids (the verifier would reject
+    it with certainty; p is 0 there, so the residual is p itself: cutting is exact) and
+    after EOS. Returns (draft, tokens consumed into the grammar, masks or None).
+    """
+    eos = cfg.target.eos_token_ids
+    cut = next((j + 1 for j, d in enumerate(draft) if d in eos), len(draft))
+    draft = draft[:cut]
+    g = cfg.grammar
+    if g is None:
+        return draft, 0, None
+    vocab, dev = cfg.target.vocab_size, cfg.target.device
+    rows, consumed = [], 0
+    for j, d in enumerate(draft):
+        mask = next_token_mask(g, vocab, eos, dev)  # (V,)
+        rows.append(mask)
+        if not bool(mask[d]):
+            draft = draft[:j]
+            break
+        if d not in eos:
+            g.consume(d)
+            consumed += 1
+    if len(rows) == len(draft):  # the bonus position
+        rows.append(next_token_mask(g, vocab, eos, dev))
+    return draft, consumed, torch.stack(rows)  # (n + 1, V)
+
+
+def decode(cfg: LoopConfig, cancelled: Callable[[], bool] | None) -> Iterator[Delta | Finished]:
+    t_start = time.perf_counter()
+    stats, out, shaper, target = cfg.stats, cfg.output, cfg.shaper, cfg.target
+    runner = TargetRunner(target)
+    ctx = list(cfg.prompt_ids)
+    ctx_limit = target.context_length
+    # 1. Prefill: cache every prompt token but the last.
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        if len(ctx) > 1:
+            runner.forward(ctx[:-1], keep=1)
+    stats.prefill_s = time.perf_counter() - t0 if len(ctx) > 1 else 0.0
+    verify_s = draft_s = 0.0
+    while out.finish_reason is None:
+        # 2. Cancellation and room left (max_tokens, context length).
+        if cancelled is not None and cancelled():
+            out.finish("cancelled")
+            break
+        room = min(cfg.max_tokens - len(out.token_ids), ctx_limit - len(ctx))
+        if room <= 0:
+            out.finish("length")
+            break
+        # 3. Choose k and propose (k = 0: standard decoding).
+        k = 0
+        if cfg.proposer is not None and cfg.policy is not None:
+            k = min(cfg.policy.choose(), room - 1)
+            if cfg.draft_context_length is not None:
+                k = min(k, cfg.draft_context_length - len(ctx) + 1)
+        t0 = time.perf_counter()
+        draft, q = [], None
+        if k > 0 and cfg.proposer is not None:
+            proposal = cfg.proposer.propose(ctx, k)
+            draft, q = proposal.tokens[:k], proposal.probs
+            stats.k_history.append(k)
+        draft_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            # 4. Grammar masks per position; the draft is cut at forbidden tokens and EOS.
+            draft, consumed, masks = _masks(cfg, draft)
+            n = len(draft)
+            # 5. Verify: ONE target forward over [last] + draft -> n + 1 distributions.
+            tf = time.perf_counter()
+            logits = runner.forward([ctx[-1], *draft])  # (n + 1, V)
+            z = shaper.shape(logits, masks)  # (n + 1, V)
+            if (masks is not None or shaper.allowed is not None) and not bool(
+                torch.isfinite(z).any(dim=-1).all()
+            ):
+                raise GrammarDeadEnd(f"no token is allowed after {len(out.token_ids)} tokens")
+            runner.decode_forwards += 1
+            runner.decode_forward_s += time.perf_counter() - tf
+            # 6. Accept / reject: m accepted, then the recovered or bonus token.
+            if shaper.greedy:
+                p = None
+                verdict = verify_greedy(draft, z.argmax(dim=-1).tolist())
+            else:
+                p = shaper.probs(z)  # (n + 1, V)
+                q_n = None if q is None else q[:n].to(p.device, p.dtype)  # (n, V)
+                d = torch.tensor(draft, dtype=torch.long, device=p.device)  # (n,)
+                verdict = verify_sampled(d, q_n, p, cfg.generator)
+            m, token = verdict.accepted, verdict.token
+            # 7. Roll back: target cache to the committed length - 1, grammar, proposer.
+            runner.crop(len(ctx) + m)
+            if cfg.grammar is not None:
+                cfg.grammar.rollback(consumed - min(m, consumed))
+            if cfg.proposer is not None and n:
+                cfg.proposer.on_verified(m)
+            if cfg.policy is not None and n:
+                cfg.policy.update(n, m)
+            stats.record_verify(n, m)
+            # 8. Emit accepted + recovered/bonus tokens one by one (EOS, stop, max_tokens).
+            emitted = [*draft[:m], token]
+            lps = None
+            if cfg.top_logprobs is not None:
+                lp = shaper.logprobs(z[: m + 1], None if p is None else p[: m + 1])  # (m+1, V)
+                lps = token_logprobs(lp, emitted, cfg.top_logprobs, cfg.token_str)
+        verify_s += time.perf_counter() - t0
+        for j, tok in enumerate(emitted):
+            if lps is not None:
+                out.logprobs.append(lps[j])
+            ctx.append(tok)
+            done = out.push(tok)
+            if cfg.grammar is not None and j == m and not done:
+                cfg.grammar.consume(tok)  # accepted tokens were consumed in step 4
+            if done:
+                out.finish(out.finish_reason or "stop")
+                break
+        # 9. Update c (draft step / target step) for the k policy; stream the delta.
+        if cfg.policy is not None and cfg.proposer is not None:
+            cfg.policy.c = _measure_c(cfg, runner) or 0.0
+        delta = out.delta()
+        if delta is not None:
+            yield delta
+    final = out.delta()
+    if final is not None:
+        yield final
+    stats.target_forwards = runner.forwards
+    stats.draft_forwards = getattr(cfg.proposer, "forwards", 0)
+    stats.draft_s, stats.verify_s = draft_s, verify_s
+    stats.generated_tokens = len(out.token_ids)
+    stats.c = _measure_c(cfg, runner)
+    stats.other_s = max(0.0, time.perf_counter() - t_start - draft_s - verify_s - stats.prefill_s)
+    result = DecodeResult(
+        token_ids=tuple(out.token_ids),
+        text=out.text,
+        finish_reason=out.finish_reason or "stop",
+        logprobs=tuple(out.logprobs),
+        prompt_tokens=len(cfg.prompt_ids),
+        stats=stats,
+    )
+    yield Finished(result)
+
+
+def _measure_c(cfg: LoopConfig, runner: TargetRunner) -> float | None:
+    """Mean draft forward time / mean target decode forward time (None without a model)."""
+    forwards = getattr(cfg.proposer, "forwards", 0)
+    if not forwards or not runner.decode_forwards:
+        return None
+    draft_step = getattr(cfg.proposer, "forward_s", 0.0) / forwards
+    return draft_step / (runner.decode_forward_s / runner.decode_forwards)

@@ -1,0 +1,37 @@
+"""The Proposer protocol: two verbs, propose k tokens, then learn how many were accepted."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """tokens: the drafted ids (at most k, possibly none); probs: (len(tokens), V) warped and
+    masked draft distribution each token was sampled from, or None meaning one-hot."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, context_ids: Sequence[int], k: int) -> Proposal:
+        """Draft up to k tokens continuing context_ids (prompt + committed output)."""
+        ...
+
+    def on_verified(self, n_accepted: int) -> None:
+        """How many of the last proposal's tokens the verifier kept."""
+        ...
+
+
+class ModelProposer(Proposer, Protocol):
+    """A proposer that runs a model; its forward count and time feed the stats and c."""
+
+    forwards: int
+    forward_s: float

@@ -1,0 +1,59 @@
+"""Prediction proposer (OpenAI "predicted outputs"): the client's guess of the output text.
+
+The text is tokenized once. While the generated tokens follow it, the next k prediction
+tokens are proposed; after a divergence nothing is proposed until the last few generated
+tokens re-appear in the prediction (n-gram re-alignment, latest n first), then proposing
+resumes from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.engine.proposers.base import Proposal
+
+
+class PredictionProposer:
+    name = "prediction"
+
+    def __init__(self, prediction_ids: Sequence[int], prompt_len: int, realign_ngram: int = 3):
+        self._pred = list(prediction_ids)
+        self._prompt_len = prompt_len
+        self._ngram = realign_ngram
+        self._pos: int | None = 0  # prediction index of the next expected token; None = lost
+        self._last_pos = 0  # furthest aligned position, to prefer re-aligning forward
+        self._seen = prompt_len  # context tokens already matched against the prediction
+
+    def _advance(self, ctx: Sequence[int]) -> None:
+        for t in ctx[self._seen :]:
+            if self._pos is not None and self._pos < len(self._pred) and self._pred[self._pos] == t:
+                self._pos += 1
+                self._last_pos = self._pos
+            else:
+                self._pos = None
+        self._seen = len(ctx)
+
+    def _realign(self, ctx: Sequence[int]) -> int | None:
+        generated = ctx[self._prompt_len :]
+        for n in range(min(self._ngram, len(generated)), 0, -1):
+            suffix = list(generated[-n:])
+            ends = [
+                j
+                for j in range(n, len(self._pred))  # j < len: something must follow
+                if self._pred[j - n : j] == suffix
+            ]
+            if ends:
+                forward = [j for j in ends if j >= self._last_pos]
+                return forward[0] if forward else ends[-1]
+        return None
+
+    def propose(self, context_ids: Sequence[int], k: int) -> Proposal:
+        self._advance(context_ids)
+        if self._pos is None:
+            self._pos = self._realign(context_ids)
+            if self._pos is None:
+                return Proposal([])
+        return Proposal(self._pred[self._pos : self._pos + k])
+
+    def on_verified(self, n_accepted: int) -> None:
+        """Alignment is re-derived from the committed context in the next propose()."""

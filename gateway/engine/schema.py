@@ -1,0 +1,75 @@
+"""The engine's public request and response types (other packages code against these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.engine.constraints.base import Grammar
+from gateway.engine.stats import DecodeStats
+
+Mode = Literal["standard", "speculative"]
+ProposerName = Literal["draft", "prompt_lookup", "prediction"]
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 => greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 => off
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0  # 0..20
+    logit_bias: tuple[tuple[int, float], ...] = ()  # applied to target AND draft logits
+    allowed_token_ids: tuple[int, ...] | None = None  # None => all allowed
+    banned_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    mode: Mode = "standard"
+    proposer: ProposerName | None = None  # speculative with None => "draft"
+    k_min: int = 1
+    k_max: int = 8
+    prediction: str | None = None  # text for the "prediction" proposer
+    grammar: Grammar | None = None  # per-request, stateful: use a fresh one per request
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[tuple[int, str, float], ...]  # (token_id, token, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """token_ids: every emitted token, EOS included when it ended the output (its text is
+    not in `text`); text: the decoded output, cut before a stop string."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+    logprobs: tuple[TokenLogprob, ...]
+    prompt_tokens: int
+    stats: DecodeStats
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Streamed piece: tokens committed since the last delta and the text now final."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...]
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: DecodeResult

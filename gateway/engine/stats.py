@@ -1,0 +1,64 @@
+"""Per-request decoding counters: plain data (exporters live in gateway/http)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one request.
+
+    drafted / accepted / rejected count draft tokens (rejected = drafted - accepted);
+    accepted_per_pos[j] counts acceptances at draft position j; num_drafts counts verify
+    steps with at least one drafted token. Times are wall seconds spent in draft forwards
+    (draft_s; for model-free proposers the proposal time), target forwards (verify_s, the
+    prefill included) and everything else (other_s). c = mean draft forward time / mean
+    target decode forward time (None without a draft model).
+    """
+
+    mode: str = "standard"
+    proposer: str | None = None
+    drafted: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    num_drafts: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    generated_tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+    other_s: float = 0.0
+    c: float | None = None
+    k_history: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens emitted per verify step that had a draft: 1 + accepted / num_drafts."""
+        return 1.0 + self.accepted / self.num_drafts if self.num_drafts else None
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        decode_forwards = self.target_forwards - (1 if self.prefill_s > 0 else 0)
+        return self.generated_tokens / decode_forwards if decode_forwards > 0 else 0.0
+
+    @property
+    def final_k(self) -> int | None:
+        return self.k_history[-1] if self.k_history else None
+
+    def record_verify(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.num_drafts += 1
+            self.drafted += drafted
+            self.accepted += accepted
+            self.rejected = self.drafted - self.accepted
+            if len(self.accepted_per_pos) < drafted:
+                self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
+            for j in range(accepted):
+                self.accepted_per_pos[j] += 1

@@ -1,0 +1,101 @@
+"""Greedy speculative decoding is token-for-token identical to standard decoding, for every
+proposer, over random models (Llama and GPT-2), prompts, k bounds and max_tokens."""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams, wrap_model
+
+from .conftest import build_tokenizer, gpt2, llama
+
+TOKENIZER = build_tokenizer()
+VOCAB, EOS = len(TOKENIZER), TOKENIZER.eos_token_id
+
+
+@cache
+def target_model(arch: str, seed: int) -> LoadedModel:
+    build = llama if arch == "llama" else gpt2
+    return wrap_model(build(VOCAB, EOS, seed=100 + seed, init=0.3), TOKENIZER)
+
+
+@cache
+def draft_model(arch: str, seed: int, noise: float) -> LoadedModel:
+    """noise 0: the target itself; small noise: a perturbed copy (partial acceptance);
+    noise < 0: an unrelated random 1-layer Llama."""
+    if noise < 0:
+        return wrap_model(llama(VOCAB, EOS, seed=500 + seed, layers=1, init=0.3), TOKENIZER)
+    model = copy.deepcopy(target_model(arch, seed).model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * noise)
+    return wrap_model(model, TOKENIZER)
+
+
+@cache
+def engine(arch: str, seed: int) -> Engine:
+    return Engine(target_model(arch, seed))
+
+
+prompts = st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=24).map(tuple)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    arch=st.sampled_from(["llama", "gpt2"]),
+    seed=st.integers(0, 2),
+    prompt=prompts,
+    proposer=st.sampled_from(["draft", "prompt_lookup", "prediction"]),
+    noise=st.sampled_from([0.0, 0.05, 0.2, -1.0]),
+    k_min=st.integers(1, 3),
+    k_extra=st.integers(0, 5),
+    max_tokens=st.integers(1, 40),
+    corrupt=st.integers(0, 30),
+)
+def test_greedy_speculative_equals_standard(
+    arch, seed, prompt, proposer, noise, k_min, k_extra, max_tokens, corrupt
+) -> None:
+    eng = engine(arch, seed)
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    standard = eng.run(DecodeRequest(prompt, sp))
+    prediction = None
+    if proposer == "prediction":  # partly right: the true output with one token replaced
+        ids = list(standard.token_ids)
+        if ids:
+            ids[corrupt % len(ids)] = (ids[corrupt % len(ids)] + 7) % VOCAB
+        prediction = TOKENIZER.decode(ids, skip_special_tokens=True) or "x"
+    req = DecodeRequest(
+        prompt,
+        sp,
+        mode="speculative",
+        proposer=proposer,
+        k_min=k_min,
+        k_max=k_min + k_extra,
+        prediction=prediction,
+    )
+    spec = eng.run(req, draft=draft_model(arch, seed, noise) if proposer == "draft" else None)
+    assert spec.token_ids == standard.token_ids
+    assert spec.text == standard.text
+    assert spec.finish_reason == standard.finish_reason
+    s = spec.stats
+    assert s.rejected == s.drafted - s.accepted
+    assert sum(s.accepted_per_pos) == s.accepted
+    assert all(k_min <= k <= k_min + k_extra or k < k_min for k in s.k_history)
+    if proposer == "draft" and noise == 0.0:
+        assert s.accepted == s.drafted  # the target drafting for itself is always right
+
+
+def test_speculation_saves_target_forwards() -> None:
+    """With a perfect draft, tokens per target forward approach k + 1."""
+    eng = engine("llama", 0)
+    sp = SamplingParams(temperature=0.0, max_tokens=40)
+    req = DecodeRequest((5, 6, 7), sp, mode="speculative", proposer="draft", k_min=4, k_max=4)
+    res = eng.run(req, draft=draft_model("llama", 0, 0.0))
+    assert res.stats.tokens_per_target_forward >= 4.0
+    assert res.stats.target_forwards <= 1 + 40 // 5 + 1
