@@ -129,12 +129,12 @@ def _run(
     if req.max_tokens < spec.min_max_tokens and trace.rule(
         spec.enforcement, Reason.MAX_TOKENS_BELOW_MINIMUM, "speculation.min_max_tokens"
     ):
-        return _Outcome(resolved_mode=mode, mode="standard"), k_bounds
+        return _Outcome(resolved_mode=_unresolved(mode), mode="standard"), k_bounds
 
     # 3. proposer
     proposer, version = _pick_proposer(policy, ctx, trace, override)
     if proposer is None:
-        return _Outcome(resolved_mode=mode, mode="standard"), k_bounds
+        return _Outcome(resolved_mode=_unresolved(mode), mode="standard"), k_bounds
 
     # 4. k bounds
     if override and req.requested_k is not None:
@@ -162,6 +162,11 @@ def _run(
         effective = "standard"
     outcome = _Outcome(resolved, effective, proposer, version, k_best, auto_outcome)
     return outcome, k_bounds
+
+
+def _unresolved(mode: str) -> str:
+    """resolved_mode when a step stopped before the cost model: auto counts as standard."""
+    return "standard" if mode == "auto" else mode
 
 
 def _override_honoured(policy: TenantPolicy, ctx: DecisionContext, trace: _Trace) -> bool:

@@ -171,7 +171,8 @@ def _humane(error: ValidationError) -> list[tuple[str, str]]:
         got = _JSON_TYPE.get(type(error.instance), type(error.instance).__name__)
         want = error.validator_value
         want_text = " or ".join(want) if isinstance(want, list) else str(want)
-        return [(where, f"{error.instance!r} is a {got}, expected {want_text}")]
+        article = "an" if got[0] in "aeiou" else "a"
+        return [(where, f"{error.instance!r} is {article} {got}, expected {want_text}")]
     if error.validator == "enum":
         options = ", ".join(str(v) for v in error.validator_value)
         return [(where, f"{error.instance!r} is not one of: {options}")]

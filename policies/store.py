@@ -1,7 +1,7 @@
 """The holder of the active bundle: atomic swaps, refusals that change nothing, versions.
 
-Every change goes through `_activate`: the candidate bundle is built (and validated) first,
-then swapped in under a lock. A `PolicyError` leaves the active bundle, its revision and the
+Every change builds (and so validates) a complete candidate bundle first, then swaps it in
+under a lock. A `PolicyError` leaves the active bundle, its revision and the
 version exactly as they were. Activating content identical to the active bundle is a no-op
 (`Activation.changed` is False and the version does not move).
 """
@@ -72,7 +72,7 @@ class PolicyStore:
 
     def load_dir(self, path: str | Path) -> Activation:
         """Replace the whole bundle with the directory's documents."""
-        return self._activate(load_bundle_dir(path), f"load_dir:{path}")
+        return self.activate(load_bundle_dir(path), f"load_dir:{path}")
 
     def put_tenant(self, tenant_id: str, doc: Mapping[str, Any]) -> Activation:
         """Create or replace one tenant's document (the whole document, not a patch)."""
@@ -91,7 +91,9 @@ class PolicyStore:
             candidate = build_bundle(thaw(base.default), tenants)
             return self._swap(candidate, f"remove_tenant:{tenant_id}")
 
-    def _activate(self, candidate: PolicyBundle, source: str) -> Activation:
+    def activate(self, candidate: PolicyBundle, source: str = "activate") -> Activation:
+        """Make a bundle built elsewhere (`build_bundle`, `load_bundle_dir`) the active one,
+        e.g. after evaluating it with `decide` as a dry run."""
         with self._lock:
             return self._swap(candidate, source)
 

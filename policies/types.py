@@ -103,7 +103,8 @@ class Decision:
     requested_mode: str | None
     """What the client asked for (None when the request had no `decoding.mode`)."""
     resolved_mode: str
-    """The mode after override and auto resolution, before gates and fallbacks."""
+    """The mode after override and auto resolution, before gates and fallbacks; never "auto"
+    (auto stopped before the cost model, e.g. no proposer, resolves to "standard")."""
     mode: str
     """Effective: "speculative" | "standard"."""
     proposer: str | None
