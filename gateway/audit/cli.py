@@ -1,0 +1,128 @@
+"""Auditor CLI working on the database directly.
+
+    python -m gateway.audit [--database-url URL] export --format jsonl|csv [filters] [--output F]
+    python -m gateway.audit verify            # JSON report; exit 0 ok, 2 broken
+    python -m gateway.audit summary [filters] [--format json|csv]
+    python -m gateway.audit purge [--now ISO]  # delete expired payloads
+    python -m gateway.audit upgrade           # alembic upgrade head (production job)
+
+URL: ``--database-url``, else env ``GATEWAY_DATABASE_URL``, else
+``sqlite+aiosqlite:///var/gateway.db``. Filters: --tenant, --since/--until (ISO 8601; naive
+means UTC), --mode, --target-model, --target-version, --draft-model, --draft-version,
+--status, --decision-id. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from gateway.audit.migrate import DEFAULT_URL, upgrade_to_head_async
+from gateway.audit.queries import csv_line
+from gateway.audit.store import AuditStore
+from gateway.audit.types import RecordFilter
+
+EXIT_BROKEN = 2
+
+
+def parse_time(text: str) -> datetime:
+    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return value if value.utcoffset() is not None else value.replace(tzinfo=UTC)
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tenant", dest="tenant_id")
+    p.add_argument("--since", type=parse_time, help="inclusive, ISO 8601")
+    p.add_argument("--until", type=parse_time, help="exclusive, ISO 8601")
+    p.add_argument("--mode", choices=["speculative", "standard"])
+    p.add_argument("--target-model")
+    p.add_argument("--target-version")
+    p.add_argument("--draft-model")
+    p.add_argument("--draft-version")
+    p.add_argument("--status", type=int)
+    p.add_argument("--decision-id")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gateway.audit", description=__doc__)
+    parser.add_argument(
+        "--database-url", default=os.environ.get("GATEWAY_DATABASE_URL", DEFAULT_URL)
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    export = sub.add_parser("export", help="stream records as JSON lines or CSV")
+    export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
+    export.add_argument("--output", "-o", help="file to write (default stdout)")
+    _add_filters(export)
+    sub.add_parser("verify", help="walk the hash chains")
+    summary = sub.add_parser("summary", help="requests/tokens/acceptance by day and version")
+    summary.add_argument("--format", choices=["json", "csv"], default="json")
+    _add_filters(summary)
+    purge = sub.add_parser("purge", help="delete expired prompt/completion payloads")
+    purge.add_argument("--now", type=parse_time, help="purge as of this time (default now)")
+    sub.add_parser("upgrade", help="alembic upgrade head")
+    return parser
+
+
+def _filter(args: argparse.Namespace) -> RecordFilter:
+    names = RecordFilter.__dataclass_fields__
+    return RecordFilter(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+
+
+async def _export(store: AuditStore, args: argparse.Namespace, out: TextIO) -> int:
+    def progress(done: int) -> None:
+        print(f"\rexported {done} records", end="", file=sys.stderr, flush=True)
+
+    async for line in store.export(_filter(args), args.format, progress=progress):
+        out.write(line)
+    print(file=sys.stderr)
+    return 0
+
+
+async def run(args: argparse.Namespace, out: TextIO) -> int:
+    if args.command == "upgrade":
+        await upgrade_to_head_async(args.database_url)
+        print("database at head", file=sys.stderr)
+        return 0
+    store = await AuditStore.connect(args.database_url)
+    try:
+        if args.command == "export":
+            if args.output:
+                with open(args.output, "w", encoding="utf-8", newline="") as fh:
+                    return await _export(store, args, fh)
+            return await _export(store, args, out)
+        if args.command == "verify":
+            report = await store.verify()
+            out.write(json.dumps(report, indent=2) + "\n")
+            return 0 if report["ok"] else EXIT_BROKEN
+        if args.command == "summary":
+            rows = await store.summary(_filter(args))
+            _write_rows(rows, args.format, out)
+            return 0
+        if args.command == "purge":
+            deleted = await store.purge_payloads(args.now)
+            out.write(json.dumps({"purged": deleted}) + "\n")
+            return 0
+    finally:
+        await store.close()
+    raise AssertionError(args.command)
+
+
+def _write_rows(rows: list[dict[str, Any]], fmt: str, out: TextIO) -> None:
+    if fmt == "json":
+        out.write(json.dumps(rows, indent=2) + "\n")
+        return
+    if rows:
+        out.write(csv_line(list(rows[0])))
+        for row in rows:
+            out.write(csv_line(list(row.values())))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return asyncio.run(run(args, sys.stdout))
