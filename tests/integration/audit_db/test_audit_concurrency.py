@@ -4,8 +4,8 @@ when the database disappears."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -71,7 +71,7 @@ async def test_two_processes_keep_one_valid_chain(db_url: str, tmp_path: Path) -
         assert report["ok"] and report["checked"] == 2 * PER_PROCESS
         rows = [line async for line in store.export(RecordFilter(), "jsonl")]
         tags = [('"tenant_id":"alpha"' in line) for line in rows]
-        switches = sum(a != b for a, b in zip(tags, tags[1:], strict=False))
+        switches = sum(a != b for a, b in itertools.pairwise(tags))
         assert switches >= 2, "the two processes never interleaved: test proves nothing"
         for tag in ("alpha", "beta"):
             got, _ = await store.records(RecordFilter(tenant_id=tag), None, 1000)
