@@ -243,3 +243,29 @@ def test_register_rejects_incompatible_or_orphan_draft(
         register(manifest, make_model("d2"), "d", "1", "draft", "no-such-target")
     with pytest.raises(ModelNotFound):
         register(manifest, tmp_path / "nowhere", "d", "1", "draft", "t")
+
+
+def test_parameter_count_matches_a_saved_transformers_model(tmp_path: Path) -> None:
+    """Tied embeddings are stored once, so the header count equals model.parameters()."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(BASE_VOCAB),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(cfg)
+    folder = write_model(tmp_path / "hf")  # tokenizer files; weights replaced below
+    model.half().save_pretrained(folder, safe_serialization=True)
+    entry = register(Manifest((), tmp_path), folder, "hf", "1", "target")
+    assert entry.parameters == sum(p.numel() for p in model.parameters())
+    assert (entry.architecture, entry.layers, entry.hidden, entry.dtype) == (
+        "LlamaForCausalLM",
+        2,
+        16,
+        "float16",
+    )
