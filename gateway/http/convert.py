@@ -149,17 +149,7 @@ def to_command(body: ChatCompletionRequest | CompletionRequest) -> Generate:
         raise invalid("echo is not supported", "echo")
     if body.suffix:
         raise invalid("suffix is not supported", "suffix")
-    prompt: str | tuple[int, ...]
-    if isinstance(body.prompt, str):
-        prompt = body.prompt
-    elif body.prompt and all(isinstance(p, int) for p in body.prompt):
-        prompt = tuple(body.prompt)  # type: ignore[arg-type]
-    elif len(body.prompt) == 1 and isinstance(body.prompt[0], str):
-        prompt = body.prompt[0]
-    elif len(body.prompt) == 1 and isinstance(body.prompt[0], list):
-        prompt = tuple(body.prompt[0])
-    else:
-        raise invalid("send one prompt per request (batched prompts are not supported)", "prompt")
+    prompt = _prompt(body.prompt)
     n_lp = body.logprobs
     if n_lp is not None and not 0 <= n_lp <= MAX_TOP_LOGPROBS:
         raise invalid(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
@@ -169,6 +159,26 @@ def to_command(body: ChatCompletionRequest | CompletionRequest) -> Generate:
         logprobs=n_lp is not None,
         top_logprobs=n_lp or 0,
         **_common(body, body.max_tokens),
+    )
+
+
+def _prompt(raw: str | list[Any]) -> str | tuple[int, ...]:
+    def ids(items: list[Any]) -> tuple[int, ...] | None:
+        ok = all(isinstance(t, int) and not isinstance(t, bool) for t in items)
+        return tuple(items) if ok else None
+
+    if isinstance(raw, str):
+        return raw
+    if raw and ids(raw) is not None:
+        return tuple(raw)
+    if len(raw) == 1 and isinstance(raw[0], str):
+        return str(raw[0])
+    if len(raw) == 1 and isinstance(raw[0], list) and (one := ids(raw[0])) is not None:
+        return one
+    raise invalid(
+        "prompt must be a string or a list of token ids; send one prompt per request "
+        "(batched prompts are not supported)",
+        "prompt",
     )
 
 

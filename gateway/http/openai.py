@@ -32,6 +32,11 @@ def services(request: Request[Any, Any, Any]) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
 
+def _internal(request: Request[Any, Any, Any], exc: Exception) -> GatewayError:
+    request.logger.exception("unhandled error", exc_info=exc)
+    return GatewayError("internal", "internal error; the x-request-id header names it")
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
@@ -50,7 +55,8 @@ async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]
             raise invalid(exc.message, exc.param) from None
         cmd = convert.to_command(body)
         gen = await svc.generation.start(principal, meta, cmd)
-    except GatewayError as err:
+    except Exception as exc:  # every refusal is audited, unexpected ones too
+        err = exc if isinstance(exc, GatewayError) else _internal(request, exc)
         await svc.generation.refused(principal, meta, cmd, err)
         return error_response(err, base_headers)
     headers = {**gen.headers(), **convert.ratelimit_headers(gen.quota)}

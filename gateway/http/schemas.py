@@ -76,7 +76,8 @@ class ChatCompletionRequest(_Common, kw_only=True):
 
 
 class CompletionRequest(_Common, kw_only=True):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[Any]
+    """A string, a list of token ids, or a one-element list of either."""
     logprobs: int | None = None
     echo: bool | None = False
     suffix: str | None = None

@@ -24,7 +24,7 @@ from gateway.engine import (
     SamplingParams,
 )
 from gateway.serving.commands import Generate, Principal, RequestMeta
-from gateway.serving.decisions import Decider, RequestFeaturesIn
+from gateway.serving.decisions import PolicyService, RequestFeaturesIn
 from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.models import ModelPool
 from gateway.serving.outcome import Outcome
@@ -113,7 +113,7 @@ class GenerationService:
         *,
         pool: ModelPool,
         worker: InferenceWorker,
-        decider: Decider,
+        decider: PolicyService,
         limiter: RateLimiter,
         recorder: Recorder,
     ) -> None:
