@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gateway.engine.errors import EmptyPrompt, InvalidRequest, PromptTooLong
-from gateway.engine.kpolicy import KPolicy
+from gateway.engine.kpolicy import KPolicy, static_c
 from gateway.engine.loop import LoopConfig, decode
 from gateway.engine.models import LoadedModel, check_pair
 from gateway.engine.output import OutputBuilder
@@ -80,6 +80,7 @@ class Engine:
         proposer: Proposer | None = None
         policy = None
         draft_ctx = None
+        c0 = 0.0  # model-free proposers cost (almost) nothing per drafted token
         if req.mode == "speculative":
             name = req.proposer or "draft"
             stats.proposer = name
@@ -92,6 +93,7 @@ class Engine:
                     draft, d_shaper, generator, req.grammar, t.eos_token_ids
                 )
                 draft_ctx = draft.context_length
+                c0 = static_c(t.model.config, draft.model.config)
             elif name == "prompt_lookup":
                 proposer = PromptLookupProposer()
             elif name == "prediction":
@@ -101,7 +103,8 @@ class Engine:
                 proposer = PredictionProposer(ids, len(req.prompt_ids))
             else:
                 raise InvalidRequest(f"unknown proposer {name!r}")
-            policy = KPolicy(req.k_min, req.k_max)
+            deterministic = sp.temperature > 0 and sp.seed is not None
+            policy = KPolicy(req.k_min, req.k_max, c=c0, measure_c=not deterministic)
         output = OutputBuilder(t.tokenizer, req.prompt_ids, sp.stop, t.eos_token_ids, sp.max_tokens)
         return LoopConfig(
             target=t,

@@ -184,7 +184,7 @@ def decode(cfg: LoopConfig, cancelled: Callable[[], bool] | None) -> Iterator[De
                 break
         # 9. Update c (draft step / target step) for the k policy; stream the delta.
         if cfg.policy is not None and cfg.proposer is not None:
-            cfg.policy.c = _measure_c(cfg, runner) or 0.0
+            cfg.policy.observe_c(_measure_c(cfg, runner))
         delta = out.delta()
         if delta is not None:
             yield delta

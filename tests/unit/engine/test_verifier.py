@@ -125,7 +125,7 @@ def table(seed: int, sharp: float) -> dict[tuple[int, ...], torch.Tensor]:
         nxt = []
         for pre in prefixes:
             out[pre] = torch.softmax(torch.randn(VOCAB, generator=gen) * sharp, -1)
-            nxt.extend(pre + (t,) for t in range(VOCAB))
+            nxt.extend((*pre, t) for t in range(VOCAB))
         prefixes = nxt
     return out
 
@@ -137,7 +137,7 @@ def exact_sequence_probs() -> dict[tuple[int, ...], float]:
     probs: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(LENGTH):
         probs = {
-            pre + (t,): pr * float(P_TABLE[pre][t])
+            (*pre, t): pr * float(P_TABLE[pre][t])
             for pre, pr in probs.items()
             for t in range(VOCAB)
         }
