@@ -1,0 +1,38 @@
+"""On CUDA in half precision, greedy speculative decoding equals standard decoding.
+
+Half-precision kernels may round a 1-token and a (k+1)-token forward differently, so where
+the two outputs part, the target's top-2 logits there must be a near tie.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gateway.engine import DecodeRequest, Engine, SamplingParams, load_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("proposer", ["draft", "prompt_lookup"])
+def test_greedy_spec_equals_standard_on_cuda(model_dirs, dtype, proposer) -> None:
+    target = load_model(model_dirs["llama"], device="cuda", dtype=dtype)
+    draft = load_model(model_dirs["draft"], device="cuda", dtype=dtype)
+    assert target.device.type == "cuda" and target.dtype == dtype
+    eng = Engine(target)
+    prompt = (10, 20, 30, 40, 50, 10, 20)
+    sp = SamplingParams(temperature=0.0, max_tokens=40)
+    std = eng.run(DecodeRequest(prompt, sp)).token_ids
+    req = DecodeRequest(prompt, sp, mode="speculative", proposer=proposer, k_min=2, k_max=6)
+    spec = eng.run(req, draft=draft).token_ids
+    if spec != std:
+        j = next(i for i, (a, b) in enumerate(zip(spec, std, strict=False)) if a != b)
+        ids = torch.tensor([prompt + std[:j]], device="cuda")
+        with torch.no_grad():
+            top2 = target.model(input_ids=ids).logits[0, -1].float().topk(2).values
+        assert float(top2[0] - top2[1]) < 0.05, f"outputs part at {j} without a near tie"
+
+
+def test_default_dtype_on_cuda_is_bf16(model_dirs) -> None:
+    assert load_model(model_dirs["llama"]).dtype == torch.bfloat16
