@@ -296,3 +296,25 @@ def test_allowed_and_banned_lists(eng, draft_lm) -> None:
     for req in (DecodeRequest(PROMPT, sp), spec(sampling=sp)):
         res = eng.run(req, draft=draft_lm)
         assert set(res.token_ids) <= set(allowed) - {61}
+
+
+def test_draft_shaped_like_target_is_always_accepted(eng) -> None:
+    """The target drafting for itself: p == q after the same bias / bans / grammar / warping,
+    so min(1, p/q) == 1 everywhere (up to rounding). Catches a draft shaped differently."""
+    perfect = wrap_model(eng.target.model, eng.tokenizer)
+    seqs = grammar_sequences(eng.tokenizer)
+    eos = eng.target.eos_token_ids[0]
+    sp = SamplingParams(
+        temperature=0.8,
+        top_p=0.9,
+        top_k=30,
+        max_tokens=40,
+        seed=11,
+        logit_bias=((eos, -3.0), (seqs[0][0], 2.0)),
+        banned_token_ids=(seqs[1][0],),
+    )
+    for grammar in (None, TokenSequencesGrammar(seqs, repeat=True)):
+        res = eng.run(spec(sampling=sp, k_min=4, k_max=4, grammar=grammar), draft=perfect)
+        assert res.stats.drafted >= 20
+        assert res.stats.accepted >= 0.97 * res.stats.drafted
+        assert seqs[1][0] not in res.token_ids
