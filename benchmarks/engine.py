@@ -150,26 +150,57 @@ def time_engine(
 
 def time_hf(
     target: LoadedModel, draft: LoadedModel, prompts: list[tuple[int, ...]], k: int
-) -> tuple[float, list[tuple[int, ...]]]:
+) -> tuple[float, list[tuple[int, ...]], dict[str, int]]:
+    """HF assisted generation with exactly k drafted tokens per step.
+
+    transformers reads num_assistant_tokens / _schedule / assistant_confidence_threshold from
+    the ASSISTANT's generation_config (generate() kwargs alone leave it at 20 tokens and a
+    0.4 threshold), so they are set there as well as passed to generate(). Forward hooks
+    count target and draft forwards, to show what HF actually did.
+    """
+    gc = draft.model.generation_config
+    saved = (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule,
+             gc.assistant_confidence_threshold)  # fmt: skip
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = k, "constant"
+    gc.assistant_confidence_threshold = 0.0
+    calls = {"target_forwards": 0, "draft_forwards": 0}
+
+    def counter(key: str) -> Any:
+        def hook(*_: Any) -> None:
+            calls[key] += 1
+
+        return hook
+
+    hooks = [
+        target.model.register_forward_hook(counter("target_forwards")),
+        draft.model.register_forward_hook(counter("draft_forwards")),
+    ]
     outs = []
     eos = target.eos_token_ids[0]
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p], device=target.device)
-            out = target.model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                assistant_model=draft.model,
-                max_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                num_assistant_tokens=k,
-                num_assistant_tokens_schedule="constant",
-                assistant_confidence_threshold=0,
-                pad_token_id=eos,
-            )
-            outs.append(tuple(out[0, len(p) :].tolist()))
-    return time.perf_counter() - t0, outs
+    try:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for p in prompts:
+                ids = torch.tensor([p], device=target.device)
+                out = target.model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    assistant_model=draft.model,
+                    max_new_tokens=NEW_TOKENS,
+                    do_sample=False,
+                    num_assistant_tokens=k,
+                    num_assistant_tokens_schedule="constant",
+                    assistant_confidence_threshold=0.0,
+                    pad_token_id=eos,
+                )
+                outs.append(tuple(out[0, len(p) :].tolist()))
+        seconds = time.perf_counter() - t0
+    finally:
+        for h in hooks:
+            h.remove()
+        (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule,
+         gc.assistant_confidence_threshold) = saved  # fmt: skip
+    return seconds, outs, calls
 
 
 def summarise(name: str, run: ConfigRun, base: ConfigRun, t_step: float) -> dict[str, Any]:
@@ -263,6 +294,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         ("prediction", spec("prediction"), None),
     ]
     fixed_k = None
+    hf_calls: dict[str, int] = {}
     for r in range(runs):
         if r:
             record("standard", *time_engine(engine, prompts, standard, None))
@@ -276,13 +308,21 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             "spec_v2_fixed_k",
             *time_engine(engine, prompts, spec("draft", fixed_k, fixed_k), pair.drafts["v2"]),
         )
-        secs, outs = time_hf(target, pair.drafts["v2"], prompts, fixed_k)
+        secs, outs, calls = time_hf(target, pair.drafts["v2"], prompts, fixed_k)
         cr = configs.setdefault("hf_assisted_v2", ConfigRun())
         cr.seconds.append(secs)
         cr.outputs = outs
+        hf_calls = calls
 
     base = configs["standard"]
     table = {name: summarise(name, cr, base, t_step) for name, cr in configs.items()}
+    hf_tokens = table["hf_assisted_v2"]["tokens"]
+    table["hf_assisted_v2"].update(
+        target_forwards_per_token=round(hf_calls["target_forwards"] / max(hf_tokens, 1), 4),
+        draft_forwards_per_target_forward=round(
+            hf_calls["draft_forwards"] / max(hf_calls["target_forwards"], 1), 3
+        ),
+    )
     spec_v2 = table["spec_v2"]
     best_spec = max(("spec_v2", "spec_v2_fixed_k"), key=lambda n: table[n]["tokens_per_s"])
     return {
