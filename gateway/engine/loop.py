@@ -196,7 +196,7 @@ def decode(cfg: LoopConfig, cancelled: Callable[[], bool] | None) -> Iterator[De
     stats.draft_s, stats.verify_s = draft_s, verify_s
     stats.generated_tokens = len(out.token_ids)
     stats.c = _measure_c(cfg, runner)
-    stats.other_s = max(0.0, time.perf_counter() - t_start - draft_s - verify_s - stats.prefill_s)
+    stats.other_s = max(0.0, time.perf_counter() - t_start - draft_s - verify_s)  # prefill too
     result = DecodeResult(
         token_ids=tuple(out.token_ids),
         text=out.text,

@@ -11,10 +11,12 @@ class DecodeStats:
 
     drafted / accepted / rejected count draft tokens (rejected = drafted - accepted);
     accepted_per_pos[j] counts acceptances at draft position j; num_drafts counts verify
-    steps with at least one drafted token. Times are wall seconds spent in draft forwards
-    (draft_s; for model-free proposers the proposal time), target forwards (verify_s, the
-    prefill included) and everything else (other_s). c = mean draft forward time / mean
-    target decode forward time (None without a draft model).
+    steps with at least one drafted token. Times are wall seconds, and draft_s + verify_s +
+    other_s is the whole request: proposing (draft_s: draft forwards, or the lookup of a
+    model-free proposer), verify steps (verify_s: masks, the target forward, acceptance,
+    logprobs) and everything else (other_s: the prefill, of which prefill_s, detokenizing,
+    stop strings, and time the consumer held the stream). c = mean draft forward time /
+    mean target verify forward time (None without a draft model).
     """
 
     mode: str = "standard"

@@ -318,3 +318,17 @@ def test_draft_shaped_like_target_is_always_accepted(eng) -> None:
         assert res.stats.drafted >= 20
         assert res.stats.accepted >= 0.97 * res.stats.drafted
         assert seqs[1][0] not in res.token_ids
+
+
+def test_stats_times_add_up_to_the_request(eng, draft_lm) -> None:
+    import time
+
+    t0 = time.perf_counter()
+    res = eng.run(spec(sampling=SamplingParams(temperature=0.0, max_tokens=20)), draft=draft_lm)
+    wall = time.perf_counter() - t0
+    s = res.stats
+    total = s.draft_s + s.verify_s + s.other_s
+    assert 0.8 * wall <= total <= wall
+    assert s.prefill_s <= s.other_s
+    assert s.draft_forwards >= s.drafted and 1 + len(s.k_history) <= s.target_forwards <= 21
+    assert s.c is not None and s.c > 0
