@@ -74,7 +74,7 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
 
 
 def encode(tok: PreTrainedTokenizerFast, texts: list[str]) -> np.ndarray:
-    eos = tok.convert_tokens_to_ids(EOS)
+    eos = int(tok.convert_tokens_to_ids(EOS))  # type: ignore[arg-type]
     ids: list[int] = []
     for enc in tok.backend_tokenizer.encode_batch(texts):
         ids.extend(enc.ids)
