@@ -8,6 +8,7 @@ resumes from there.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 from gateway.engine.proposers.base import Proposal
@@ -23,6 +24,11 @@ class PredictionProposer:
         self._pos: int | None = 0  # prediction index of the next expected token; None = lost
         self._last_pos = 0  # furthest aligned position, to prefer re-aligning forward
         self._seen = prompt_len  # context tokens already matched against the prediction
+        # n-gram -> prediction positions right after its occurrences (something must follow)
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        for n in range(1, realign_ngram + 1):
+            for j in range(n, len(self._pred)):
+                self._ends.setdefault(tuple(self._pred[j - n : j]), []).append(j)
 
     def _advance(self, ctx: Sequence[int]) -> None:
         for t in ctx[self._seen :]:
@@ -34,17 +40,14 @@ class PredictionProposer:
         self._seen = len(ctx)
 
     def _realign(self, ctx: Sequence[int]) -> int | None:
+        """Longest suffix (<= realign_ngram) of the output found in the prediction: the
+        first occurrence at or after the furthest aligned point, else the last one."""
         generated = ctx[self._prompt_len :]
         for n in range(min(self._ngram, len(generated)), 0, -1):
-            suffix = list(generated[-n:])
-            ends = [
-                j
-                for j in range(n, len(self._pred))  # j < len: something must follow
-                if self._pred[j - n : j] == suffix
-            ]
+            ends = self._ends.get(tuple(generated[-n:]))
             if ends:
-                forward = [j for j in ends if j >= self._last_pos]
-                return forward[0] if forward else ends[-1]
+                i = bisect.bisect_left(ends, self._last_pos)
+                return ends[i] if i < len(ends) else ends[-1]
         return None
 
     def propose(self, context_ids: Sequence[int], k: int) -> Proposal:
