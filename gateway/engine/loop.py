@@ -127,7 +127,8 @@ def decode(cfg: LoopConfig, cancelled: Callable[[], bool] | None) -> Iterator[De
         t0 = time.perf_counter()
         draft, q = [], None
         if k > 0 and cfg.proposer is not None:
-            proposal = cfg.proposer.propose(ctx, k)
+            with torch.inference_mode():  # per block: a generator must not leak the mode
+                proposal = cfg.proposer.propose(ctx, k)
             draft, q = proposal.tokens[:k], proposal.probs
             stats.k_history.append(k)
         draft_s += time.perf_counter() - t0
