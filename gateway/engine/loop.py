@@ -192,10 +192,8 @@ def decode(cfg: LoopConfig, cancelled: Callable[[], bool] | None) -> Iterator[De
     final = out.delta()
     if final is not None:
         yield final
-    stats.target_forwards = runner.forwards
-    stats.draft_forwards = getattr(cfg.proposer, "forwards", 0)
+    stats.finish(len(out.token_ids), runner.forwards, getattr(cfg.proposer, "forwards", 0))
     stats.draft_s, stats.verify_s = draft_s, verify_s
-    stats.generated_tokens = len(out.token_ids)
     stats.c = _measure_c(cfg, runner)
     stats.other_s = max(0.0, time.perf_counter() - t_start - draft_s - verify_s)  # prefill too
     result = DecodeResult(

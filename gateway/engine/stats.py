@@ -35,6 +35,8 @@ class DecodeStats:
     other_s: float = 0.0
     c: float | None = None
     k_history: list[int] = field(default_factory=list)
+    final_k: int | None = None
+    tokens_per_target_forward: float = 0.0  # generated tokens / target forwards after prefill
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -45,14 +47,16 @@ class DecodeStats:
         """Tokens emitted per verify step that had a draft: 1 + accepted / num_drafts."""
         return 1.0 + self.accepted / self.num_drafts if self.num_drafts else None
 
-    @property
-    def tokens_per_target_forward(self) -> float:
-        decode_forwards = self.target_forwards - (1 if self.prefill_s > 0 else 0)
-        return self.generated_tokens / decode_forwards if decode_forwards > 0 else 0.0
-
-    @property
-    def final_k(self) -> int | None:
-        return self.k_history[-1] if self.k_history else None
+    def finish(self, generated_tokens: int, target_forwards: int, draft_forwards: int) -> None:
+        """Fill the end-of-request fields (plain data, so asdict() carries them)."""
+        self.generated_tokens = generated_tokens
+        self.target_forwards = target_forwards
+        self.draft_forwards = draft_forwards
+        decode_forwards = target_forwards - (1 if self.prefill_s > 0 else 0)
+        self.tokens_per_target_forward = (
+            generated_tokens / decode_forwards if decode_forwards > 0 else 0.0
+        )
+        self.final_k = self.k_history[-1] if self.k_history else None
 
     def record_verify(self, drafted: int, accepted: int) -> None:
         if drafted:
