@@ -1,0 +1,79 @@
+"""Start a real gateway process (uvicorn) on the demo models for HTTP benchmarks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "models_registry" / "demo" / "manifest.yaml"
+ADMIN_KEY = "sk-admin-bench"
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+
+
+@dataclass
+class Running:
+    url: str
+
+    def tenant(self, tenant_id: str, policy: dict[str, object] | None = None) -> str:
+        """Create a tenant (with an optional policy document) and return its key."""
+        httpx.post(f"{self.url}/admin/tenants", json={"id": tenant_id, "name": tenant_id},
+                   headers=ADMIN).raise_for_status()
+        if policy is not None:
+            httpx.put(f"{self.url}/admin/policies/tenants/{tenant_id}", json=policy,
+                      headers=ADMIN).raise_for_status()
+        r = httpx.post(f"{self.url}/admin/tenants/{tenant_id}/keys", json={"role": "tenant"},
+                       headers=ADMIN)
+        r.raise_for_status()
+        return str(r.json()["key"])
+
+
+@contextmanager
+def gateway(**env: str) -> Iterator[Running]:
+    if not MANIFEST.exists():
+        raise FileNotFoundError(f"{MANIFEST} is missing: train the demo models first")
+    with tempfile.TemporaryDirectory() as tmp:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        full_env = {
+            **os.environ,
+            "GATEWAY_PORT": str(port),
+            "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp}/bench.db",
+            "GATEWAY_ADMIN_KEY": ADMIN_KEY,
+            "GATEWAY_VAR_DIR": tmp,
+            "GATEWAY_LOG_LEVEL": "warning",
+            "GATEWAY_DEFAULT_REQUESTS_PER_MINUTE": "100000",
+            "GATEWAY_DEFAULT_TOKENS_PER_MINUTE": "100000000",
+            **env,
+        }
+        log = open(f"{tmp}/server.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=full_env,
+                                stdout=log, stderr=log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + 300
+            while True:
+                try:
+                    if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(Path(f"{tmp}/server.log").read_text()[-2000:])
+                time.sleep(0.5)
+            yield Running(url)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+            log.close()
