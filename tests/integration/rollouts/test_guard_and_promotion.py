@@ -35,7 +35,7 @@ async def test_guard_rolls_back_a_bad_draft_and_traffic_returns_to_baseline(gw: 
     for i in range(60):
         resp = await speculative(gw, f"{PROMPTS[i % len(PROMPTS)]} # {i}")
         served.append(version_of(resp))
-        if gw.services.rollouts._rollouts[rid].state.value == "rolled_back":
+        if (await gw.services.rollouts.get(rid))["state"] == "rolled_back":
             break
     else:
         raise AssertionError(f"the guard never tripped: {served}")
@@ -46,7 +46,7 @@ async def test_guard_rolls_back_a_bad_draft_and_traffic_returns_to_baseline(gw: 
     assert "acceptance dropped" in event["after"]["reason"]
     view = (await admin(gw, "GET", f"/admin/rollouts/{rid}")).json()
     assert view["state"] == "rolled_back" and view["reason"].startswith("guard: acceptance")
-    assert view["baseline"]["acceptance"] == 1.0 and view["canary"]["acceptance"] < 0.9
+    assert view["baseline"]["acceptance"] > view["canary"]["acceptance"] + 0.1
     assert view["canary"]["requests"] >= 3 and view["baseline"]["requests"] >= 3
     assert view["canary"]["p50_ms"] > 0 and view["baseline"]["tokens_per_second"] > 0
     assert (DRAFT, "2") not in gw.services.pool.loaded_drafts()
