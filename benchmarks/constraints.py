@@ -182,13 +182,13 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for name, res in results.items():
         tokens = sum(len(r.token_ids) for r in res)
-        secs = statistics.median(timings[name])
+        median_s = statistics.median(timings[name])
         st = [r.stats for r in res]
         drafted, accepted = sum(s.drafted for s in st), sum(s.accepted for s in st)
         row: dict[str, Any] = {
             "tokens": tokens,
-            "decode_seconds_median": round(secs, 3),
-            "tokens_per_s": round(tokens / secs, 2),
+            "decode_seconds_median": round(median_s, 3),
+            "tokens_per_s": round(tokens / median_s, 2),
             "stopped": sum(r.finish_reason == "stop" for r in res),
         }
         if drafted:
