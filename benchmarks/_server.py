@@ -27,13 +27,16 @@ class Running:
 
     def tenant(self, tenant_id: str, policy: dict[str, object] | None = None) -> str:
         """Create a tenant (with an optional policy document) and return its key."""
-        httpx.post(f"{self.url}/admin/tenants", json={"id": tenant_id, "name": tenant_id},
-                   headers=ADMIN).raise_for_status()
+        httpx.post(
+            f"{self.url}/admin/tenants", json={"id": tenant_id, "name": tenant_id}, headers=ADMIN
+        ).raise_for_status()
         if policy is not None:
-            httpx.put(f"{self.url}/admin/policies/tenants/{tenant_id}", json=policy,
-                      headers=ADMIN).raise_for_status()
-        r = httpx.post(f"{self.url}/admin/tenants/{tenant_id}/keys", json={"role": "tenant"},
-                       headers=ADMIN)
+            httpx.put(
+                f"{self.url}/admin/policies/tenants/{tenant_id}", json=policy, headers=ADMIN
+            ).raise_for_status()
+        r = httpx.post(
+            f"{self.url}/admin/tenants/{tenant_id}/keys", json={"role": "tenant"}, headers=ADMIN
+        )
         r.raise_for_status()
         return str(r.json()["key"])
 
@@ -58,8 +61,9 @@ def gateway(**env: str) -> Iterator[Running]:
             **env,
         }
         log = open(f"{tmp}/server.log", "wb")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=full_env,
-                                stdout=log, stderr=log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway"], env=full_env, stdout=log, stderr=log
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.time() + 300

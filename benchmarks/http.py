@@ -63,10 +63,16 @@ def _in_process(prompts: list[str], runs: int) -> dict[str, float]:
 
 
 def _post(url: str, key: str, prompt: str, decoding: dict[str, Any]) -> int:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0,
-            "decoding": decoding}
-    r = httpx.post(f"{url}/v1/completions", json=body,
-                   headers={"authorization": f"Bearer {key}"}, timeout=600)
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0,
+        "decoding": decoding,
+    }
+    r = httpx.post(
+        f"{url}/v1/completions", json=body, headers={"authorization": f"Bearer {key}"}, timeout=600
+    )
     r.raise_for_status()
     return int(r.json()["usage"]["completion_tokens"])
 
@@ -94,8 +100,13 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
                 tokens = sum(pool.map(lambda p: _post(gw.url, key, p, MODES["speculative"]), work))
             concurrency[str(clients)] = tokens / (time.perf_counter() - t0)
     return {
-        "setup": {"prompts": len(prompts), "new_tokens": NEW_TOKENS, "runs": runs,
-                  "greedy": True, "draft": "demo-code-draft@2"},
+        "setup": {
+            "prompts": len(prompts),
+            "new_tokens": NEW_TOKENS,
+            "runs": runs,
+            "greedy": True,
+            "draft": "demo-code-draft@2",
+        },
         "engine_tokens_per_s": engine_tps,
         "http_tokens_per_s": http_tps,
         "http_over_engine": {k: http_tps[k] / engine_tps[k] for k in MODES},

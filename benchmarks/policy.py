@@ -36,8 +36,23 @@ POLICIES: dict[str, dict[str, Any]] = {
 def _workloads(quick: bool) -> dict[str, tuple[list[str], dict[str, Any]]]:
     code = [json.loads(x)["prompt"] for x in PROMPTS.read_text().splitlines() if x.strip()]
     rng = random.Random(0)
-    words = ["lorem", "quantum", "velvet", "harbor", "seven", "mosaic", "drift", "ember",
-             "tundra", "glyph", "orbit", "saffron", "lattice", "murmur", "cobalt"]
+    words = [
+        "lorem",
+        "quantum",
+        "velvet",
+        "harbor",
+        "seven",
+        "mosaic",
+        "drift",
+        "ember",
+        "tundra",
+        "glyph",
+        "orbit",
+        "saffron",
+        "lattice",
+        "murmur",
+        "cobalt",
+    ]
     noise = [" ".join(rng.choice(words) for _ in range(24)) for _ in range(len(code))]
     n = 3 if quick else len(code)
     return {
@@ -49,9 +64,12 @@ def _workloads(quick: bool) -> dict[str, tuple[list[str], dict[str, Any]]]:
 def _run(url: str, key: str, prompts: list[str], params: dict[str, Any]) -> tuple[float, list[str]]:
     tokens, modes, t0 = 0, [], time.perf_counter()
     for prompt in prompts:
-        r = httpx.post(f"{url}/v1/completions",
-                       json={"model": MODEL, "prompt": prompt, **params},
-                       headers={"authorization": f"Bearer {key}"}, timeout=600)
+        r = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": MODEL, "prompt": prompt, **params},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=600,
+        )
         r.raise_for_status()
         tokens += int(r.json()["usage"]["completion_tokens"])
         modes.append(r.headers["x-decoding-mode"])
@@ -62,15 +80,19 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     report: dict[str, Any] = {"goal_auto_over_best": 0.95}
     for workload, (prompts, params) in _workloads(quick).items():
         with gateway() as gw:
-            keys = {name: gw.tenant(f"{workload.replace('_', '-')}-{name}", doc)
-                    for name, doc in POLICIES.items()}
+            keys = {
+                name: gw.tenant(f"{workload.replace('_', '-')}-{name}", doc)
+                for name, doc in POLICIES.items()
+            }
             _run(gw.url, keys["speculative"], prompts[:1], params)  # warm-up: load the draft
             _run(gw.url, keys["auto"], prompts, params)  # auto learns its history
             result: dict[str, Any] = {}
             for name, key in keys.items():
                 tps, modes = _run(gw.url, key, prompts, params)
-                result[name] = {"tokens_per_s": tps,
-                                "speculative_share": modes.count("speculative") / len(modes)}
+                result[name] = {
+                    "tokens_per_s": tps,
+                    "speculative_share": modes.count("speculative") / len(modes),
+                }
             best = max(result["standard"]["tokens_per_s"], result["speculative"]["tokens_per_s"])
             result["auto_over_best"] = result["auto"]["tokens_per_s"] / best
             report[workload] = result

@@ -9,6 +9,7 @@ the last byte, so nothing is served unaudited.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,13 @@ from gateway.engine import (
     Delta,
     EngineError,
     Finished,
+    Grammar,
     SamplingParams,
+)
+from gateway.engine.constraints.json_schema import (
+    ConstraintError,
+    compile_json_grammar,
+    validate_output,
 )
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.decisions import PolicyService, RequestFeaturesIn
@@ -52,6 +59,8 @@ class Generation:
     _finish: Callable[[Generation, Outcome], Any]
     _cancel: Callable[[], None]
     _detach: Callable[[Any], None]
+    grammar: Grammar | None = None
+    schema: dict[str, Any] | None = None
     result: DecodeResult | None = None
     first_token_at: float | None = None
     finished: bool = False
@@ -76,6 +85,7 @@ class Generation:
         try:
             async for event in self._events:
                 if isinstance(event, Finished):
+                    self._check_constraint(event.result)
                     self.result = event.result
                     return
                 if self.first_token_at is None:
@@ -84,6 +94,20 @@ class Generation:
                 yield event
         except EngineError as exc:
             raise invalid(str(exc)) from exc
+
+    def _check_constraint(self, result: DecodeResult) -> None:
+        """A grammar-complete output must validate before it is returned (defence in depth:
+        the mask already guarantees it). Cut short (length, stop string): no claim is made."""
+        if self.grammar is None or not self.grammar.is_complete():
+            return
+        try:
+            validate_output(result.text, self.schema)
+        except ConstraintError as exc:
+            raise GatewayError(
+                "internal",
+                f"the output failed its schema validation: {exc}",
+                code="constraint_violation",
+            ) from exc
 
     async def collect(self) -> DecodeResult:
         async for _ in self.deltas():
@@ -156,6 +180,7 @@ class GenerationService:
                     f"logit_bias token id {token_id} is not in [0, {vocab})", "logit_bias"
                 )
 
+        grammar, schema = await self._grammar(cmd, engine)
         features = RequestFeaturesIn(
             endpoint=cmd.endpoint,
             model=cmd.model,
@@ -206,6 +231,7 @@ class GenerationService:
             k_min=decision.k_min,
             k_max=decision.k_max,
             prediction=cmd.prediction,
+            grammar=grammar,
         )
         draft_model = draft_handle.model if draft_handle else None
         try:
@@ -237,10 +263,29 @@ class GenerationService:
             quota=quota,
             draft_label=draft_label,
             _events=self.worker.events(job),
+            grammar=grammar,
+            schema=schema,
             _finish=finish,
             _cancel=job.cancelled.set,
             _detach=self.recorder.detach,
         )
+
+    async def _grammar(
+        self, cmd: Generate, engine: Any
+    ) -> tuple[Grammar | None, dict[str, Any] | None]:
+        """response_format -> a fresh per-request grammar (compiled grammars are cached per
+        schema hash); a bad schema or an unenforceable keyword is a 400 naming it."""
+        rf = cmd.response_format
+        if rf is None:
+            return None, None
+        schema = rf["json_schema"]["schema"] if rf["type"] == "json_schema" else None
+        try:
+            compiled = await asyncio.to_thread(
+                compile_json_grammar, engine.tokenizer, schema, engine.target.vocab_size
+            )
+        except ConstraintError as exc:
+            raise invalid(str(exc), "response_format") from None
+        return compiled.new(), schema
 
     async def refused(
         self,

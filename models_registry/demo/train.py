@@ -185,8 +185,12 @@ def train(
             torch.save(state, ckpt.with_suffix(".tmp"))
             ckpt.with_suffix(".tmp").replace(ckpt)
     total = seconds + time.time() - t0
-    return {"steps": spec.steps, "tokens_seen": spec.steps * spec.batch * spec.seq,
-            "train_seconds": round(total, 1), "spec": asdict(spec)}
+    return {
+        "steps": spec.steps,
+        "tokens_seen": spec.steps * spec.batch * spec.seq,
+        "train_seconds": round(total, 1),
+        "spec": asdict(spec),
+    }
 
 
 # 3. Evaluation ----------------------------------------------------------------------------
@@ -211,8 +215,9 @@ def greedy_agreement(target, drafts: dict, prompts: list[torch.Tensor], new: int
     hits = {name: 0 for name in drafts}
     total = 0
     for prompt in prompts:
-        out = target.generate(prompt[None], max_new_tokens=new, do_sample=False,
-                              pad_token_id=0, eos_token_id=None)  # (1, P + new)
+        out = target.generate(
+            prompt[None], max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None
+        )  # (1, P + new)
         n_prompt = prompt.numel()
         want = out[0, n_prompt:]
         for name, draft in drafts.items():
@@ -309,9 +314,15 @@ def main() -> None:
     data, held = np.load(data_path), np.load(held_path)
     log(f"tokens: train {len(data):,}, held-out {len(held):,}")
 
-    report: dict = {"corpus": {"train_files": len(train_files), "held_out_files": len(held_files),
-                               "train_tokens": int(len(data)), "held_out_tokens": int(len(held)),
-                               "held_out_rule": "sha256(relative path) % 100 < 5"}}
+    report: dict = {
+        "corpus": {
+            "train_files": len(train_files),
+            "held_out_files": len(held_files),
+            "train_tokens": len(data),
+            "held_out_tokens": len(held),
+            "held_out_rule": "sha256(relative path) % 100 < 5",
+        }
+    }
 
     target = build_model(TARGET, vocab, args.seed)
     t_spec = TrainSpec("target", args.target_steps, args.batch, args.seq, 2e-3, args.seed)
@@ -324,25 +335,33 @@ def main() -> None:
 
     draft_v2 = build_model(DRAFT, vocab, args.seed + 1)
     draft_v2.load_state_dict(draft_v1.state_dict())  # start from v1, then distil
-    v2_spec = TrainSpec("draft_v2", args.distill_steps, args.batch, args.seq, 1.5e-3,
-                        args.seed + 2, warmup=20)
-    report["draft_v2"] = train(draft_v2, data, v2_spec, args.work / "draft_v2.pt",
-                               args.ckpt_every, teacher=target)
+    v2_spec = TrainSpec(
+        "draft_v2", args.distill_steps, args.batch, args.seq, 1.5e-3, args.seed + 2, warmup=20
+    )
+    report["draft_v2"] = train(
+        draft_v2, data, v2_spec, args.work / "draft_v2.pt", args.ckpt_every, teacher=target
+    )
     report["draft_v2"]["distilled_from"] = "target (KL to its next-token distribution)"
 
     log("evaluating")
     for name, m in (("target", target), ("draft_v1", draft_v1), ("draft_v2", draft_v2)):
         loss = held_out_loss(m, held)
-        report[name].update(held_out_loss=round(loss, 4), held_out_perplexity=round(math.exp(loss), 2))
+        report[name].update(
+            held_out_loss=round(loss, 4), held_out_perplexity=round(math.exp(loss), 2)
+        )
         log(f"{name}: held-out loss {loss:.3f}, perplexity {math.exp(loss):.1f}")
     prompts = held_out_prompts(tok, [f.text for f in held_files], n=24, length=64)
     report["greedy_agreement"] = greedy_agreement(
-        target, {"draft_v1": draft_v1, "draft_v2": draft_v2}, prompts, new=128)
+        target, {"draft_v1": draft_v1, "draft_v2": draft_v2}, prompts, new=128
+    )
     report["greedy_agreement_setup"] = f"{len(prompts)} held-out prompts x 64 tokens, 128 new"
     log(f"greedy agreement: {report['greedy_agreement']}")
     t_ms, d_ms = step_ms(target), step_ms(draft_v2)
-    report["cost"] = {"target_step_ms": round(t_ms, 2), "draft_step_ms": round(d_ms, 2),
-                      "c": round(d_ms / t_ms, 3)}
+    report["cost"] = {
+        "target_step_ms": round(t_ms, 2),
+        "draft_step_ms": round(d_ms, 2),
+        "c": round(d_ms / t_ms, 3),
+    }
     log(f"cost: target {t_ms:.1f} ms, draft {d_ms:.1f} ms, c = {d_ms / t_ms:.3f}")
 
     log("exporting")
@@ -355,11 +374,20 @@ def main() -> None:
     ):
         rel = f"{name}-v{version}"
         info = export(m, tok, args.out / rel)
-        entry = {"name": name, "version": version, "role": role, "path": rel,
-                 "sha256": info["sha256"], "architecture": "LlamaForCausalLM",
-                 "layers": arch.layers, "hidden": arch.hidden,
-                 "parameters": info["parameters"], "tokenizer": "demo-bpe-8k",
-                 "dtype": "float16", "trained_on": trained_on}
+        entry = {
+            "name": name,
+            "version": version,
+            "role": role,
+            "path": rel,
+            "sha256": info["sha256"],
+            "architecture": "LlamaForCausalLM",
+            "layers": arch.layers,
+            "hidden": arch.hidden,
+            "parameters": info["parameters"],
+            "tokenizer": "demo-bpe-8k",
+            "dtype": "float16",
+            "trained_on": trained_on,
+        }
         if role == "draft":
             entry["target"] = "demo-code-target"
         entries.append(entry)

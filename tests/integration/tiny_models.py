@@ -45,9 +45,16 @@ def tokenizer() -> PreTrainedTokenizerFast:
 def _model(vocab: int, layers: int, seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CONTEXT,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
     )
     return LlamaForCausalLM(cfg)
 
@@ -71,8 +78,14 @@ def build(root: Path) -> Path:
         path = root / f"{name}-v{version}"
         model.save_pretrained(path)
         tok.save_pretrained(path)
-        entry = {"name": name, "version": version, "role": role, "path": path.name,
-                 "sha256": _sha(path), "architecture": "LlamaForCausalLM"}
+        entry = {
+            "name": name,
+            "version": version,
+            "role": role,
+            "path": path.name,
+            "sha256": _sha(path),
+            "architecture": "LlamaForCausalLM",
+        }
         if role == "draft":
             entry["target"] = "tiny-target"
         entries.append(entry)

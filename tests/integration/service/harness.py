@@ -43,8 +43,9 @@ class Gateway:
         return await self.client.post("/v1/completions", json=body, headers=self.auth)
 
     async def records(self, **filters: Any) -> list[dict[str, Any]]:
-        r = await self.client.get("/audit/records", params={"limit": 1000, **filters},
-                                  headers=ADMIN)
+        r = await self.client.get(
+            "/audit/records", params={"limit": 1000, **filters}, headers=ADMIN
+        )
         assert r.status_code == 200, r.text
         return r.json()["data"]  # type: ignore[no-any-return]
 
@@ -63,12 +64,13 @@ async def running_gateway(
     )
     app = create_app(s)
     async with AsyncTestClient(app, timeout=120) as client:
-        r = await client.post("/admin/tenants", json={"id": tenant, "name": tenant},
-                              headers=ADMIN)
+        r = await client.post("/admin/tenants", json={"id": tenant, "name": tenant}, headers=ADMIN)
         assert r.status_code == 201, r.text
-        r = await client.post(f"/admin/tenants/{tenant}/keys", json={"role": "tenant"},
-                              headers=ADMIN)
+        r = await client.post(
+            f"/admin/tenants/{tenant}/keys", json={"role": "tenant"}, headers=ADMIN
+        )
         key = r.json()["key"]
-        r = await client.post(f"/admin/tenants/{tenant}/keys", json={"role": "auditor"},
-                              headers=ADMIN)
+        r = await client.post(
+            f"/admin/tenants/{tenant}/keys", json={"role": "auditor"}, headers=ADMIN
+        )
         yield Gateway(client, app, tenant, key, r.json()["key"])

@@ -55,7 +55,8 @@ async def test_chat_greedy_has_headers_usage_and_audit(gw: Gateway) -> None:
 async def test_speculative_greedy_equals_standard_and_reports_acceptance(gw: Gateway) -> None:
     std = await gw.complete(max_tokens=24, temperature=0, decoding={"mode": "standard"})
     spec = await gw.complete(
-        max_tokens=24, temperature=0,
+        max_tokens=24,
+        temperature=0,
         decoding={"mode": "speculative", "proposer": "draft", "k": 4},
     )
     assert std.status_code == spec.status_code == 200, spec.text
@@ -64,7 +65,7 @@ async def test_speculative_greedy_equals_standard_and_reports_acceptance(gw: Gat
     assert spec.json()["choices"][0]["text"] == std.json()["choices"][0]["text"]
     details = spec.json()["usage"]["completion_tokens_details"]
     assert details["accepted_prediction_tokens"] + details["rejected_prediction_tokens"] > 0
-    rec = [x for x in await gw.records() if x["request_id"] == spec.headers["x-request-id"]][0]
+    rec = next(x for x in await gw.records() if x["request_id"] == spec.headers["x-request-id"])
     assert rec["proposer"] == "draft" and rec["draft_model"] == "tiny-draft"
     assert rec["drafted_tokens"] >= rec["accepted_tokens"] == details["accepted_prediction_tokens"]
 
@@ -73,7 +74,9 @@ async def test_prediction_counts_accepted_and_rejected_tokens(gw: Gateway) -> No
     std = await gw.complete(max_tokens=16, temperature=0, decoding={"mode": "standard"})
     text = std.json()["choices"][0]["text"]
     r = await gw.complete(
-        max_tokens=16, temperature=0, prediction={"type": "content", "content": text},
+        max_tokens=16,
+        temperature=0,
+        prediction={"type": "content", "content": text},
         decoding={"mode": "speculative", "proposer": "prediction"},
     )
     assert r.status_code == 200, r.text
@@ -93,8 +96,9 @@ async def test_completion_logprobs_legacy_shape(gw: Gateway) -> None:
 
 async def test_stream_matches_non_stream_and_ends_with_done(gw: Gateway) -> None:
     full = await gw.chat(max_tokens=12, temperature=0)
-    r = await gw.chat(max_tokens=12, temperature=0, stream=True,
-                      stream_options={"include_usage": True})
+    r = await gw.chat(
+        max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
@@ -118,19 +122,33 @@ async def test_seed_makes_sampling_repeatable(gw: Gateway) -> None:
         ({"messages": [{"role": "user", "content": "x"}]}, 400, "model"),
         ({"model": MODEL}, 400, "messages"),
         ({"model": MODEL, "messages": "hello"}, 400, "messages"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400,
-         "max_tokens"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6},
-         400, "max_tokens"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": -1},
+            400,
+            "max_tokens",
+        ),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6},
+            400,
+            "max_tokens",
+        ),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 3},
-         400, "temperature"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}, 400,
-         "messages"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-          "logit_bias": {"5": 500}}, 400, "logit_bias"),
-        ({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}, 404,
-         "model"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 3},
+            400,
+            "temperature",
+        ),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}, 400, "messages"),
+        (
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "logit_bias": {"5": 500},
+            },
+            400,
+            "logit_bias",
+        ),
+        ({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
     ],
 )
 async def test_bad_inputs_get_openai_errors_and_are_audited(
@@ -159,34 +177,43 @@ async def test_keys_auth_and_roles(gw: Gateway) -> None:
     auditor = {"authorization": f"Bearer {gw.auditor_key}"}
     assert (await gw.client.post("/v1/completions", json=body, headers=auditor)).status_code == 403
     assert (await gw.client.get("/audit/records", headers=gw.auth)).status_code == 403
-    r = await gw.client.post(f"/admin/tenants/{gw.tenant}/keys", json={"role": "tenant"},
-                             headers=ADMIN)
+    r = await gw.client.post(
+        f"/admin/tenants/{gw.tenant}/keys", json={"role": "tenant"}, headers=ADMIN
+    )
     key_id, key = r.json()["id"], r.json()["key"]
-    ok = await gw.client.post("/v1/completions", json=body, headers={"authorization": f"Bearer {key}"})
+    ok = await gw.client.post(
+        "/v1/completions", json=body, headers={"authorization": f"Bearer {key}"}
+    )
     assert ok.status_code == 200
     assert (await gw.client.delete(f"/admin/keys/{key_id}", headers=ADMIN)).status_code == 200
-    r = await gw.client.post("/v1/completions", json=body, headers={"authorization": f"Bearer {key}"})
+    r = await gw.client.post(
+        "/v1/completions", json=body, headers={"authorization": f"Bearer {key}"}
+    )
     assert r.status_code == 401
     assert (await gw.client.delete(f"/admin/keys/{key_id}", headers=ADMIN)).status_code == 404
     assert (await gw.client.get("/admin/tenants", headers=gw.auth)).status_code == 403
 
 
 async def test_tenants_conflict_and_isolation(gw: Gateway) -> None:
-    r = await gw.client.post("/admin/tenants", json={"id": gw.tenant, "name": "again"},
-                             headers=ADMIN)
+    r = await gw.client.post(
+        "/admin/tenants", json={"id": gw.tenant, "name": "again"}, headers=ADMIN
+    )
     assert r.status_code == 409
     other = "tenant-other"
-    assert (await gw.client.post("/admin/tenants", json={"id": other, "name": "O"},
-                                 headers=ADMIN)).status_code == 201
-    r = await gw.client.post(f"/admin/tenants/{other}/keys", json={"role": "auditor"},
-                             headers=ADMIN)
+    assert (
+        await gw.client.post("/admin/tenants", json={"id": other, "name": "O"}, headers=ADMIN)
+    ).status_code == 201
+    r = await gw.client.post(
+        f"/admin/tenants/{other}/keys", json={"role": "auditor"}, headers=ADMIN
+    )
     other_auditor = {"authorization": f"Bearer {r.json()['key']}"}
     r = await gw.client.get("/audit/records", headers=other_auditor)
     assert r.status_code == 200 and all(x["tenant_id"] == other for x in r.json()["data"])
     r = await gw.client.get("/audit/records", params={"tenant": gw.tenant}, headers=other_auditor)
     assert r.status_code == 403
-    mine = await gw.client.get("/audit/records",
-                               headers={"authorization": f"Bearer {gw.auditor_key}"})
+    mine = await gw.client.get(
+        "/audit/records", headers={"authorization": f"Bearer {gw.auditor_key}"}
+    )
     assert mine.json()["data"] and all(x["tenant_id"] == gw.tenant for x in mine.json()["data"])
 
 
@@ -196,8 +223,11 @@ async def test_rate_limit_429_with_retry_after(gw: Gateway) -> None:
     doc = {"rate_limits": {"requests_per_minute": 2}}
     r = await gw.client.put(f"/admin/policies/tenants/{tenant}", json=doc, headers=ADMIN)
     assert r.status_code == 200, r.text
-    key = (await gw.client.post(f"/admin/tenants/{tenant}/keys", json={"role": "tenant"},
-                                headers=ADMIN)).json()["key"]
+    key = (
+        await gw.client.post(
+            f"/admin/tenants/{tenant}/keys", json={"role": "tenant"}, headers=ADMIN
+        )
+    ).json()["key"]
     h = {"authorization": f"Bearer {key}"}
     body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
     codes = [(await gw.client.post("/v1/completions", json=body, headers=h)) for _ in range(3)]
@@ -218,9 +248,12 @@ async def test_ops_endpoints(gw: Gateway) -> None:
 
 
 async def test_tokenize(gw: Gateway) -> None:
-    r = await gw.client.post("/tokenize", json={"model": MODEL, "prompt": "def add"},
-                             headers=gw.auth)
-    assert r.status_code == 200 and r.json()["tokens"] and r.json()["count"] == len(r.json()["tokens"])
+    r = await gw.client.post(
+        "/tokenize", json={"model": MODEL, "prompt": "def add"}, headers=gw.auth
+    )
+    assert (
+        r.status_code == 200 and r.json()["tokens"] and r.json()["count"] == len(r.json()["tokens"])
+    )
 
 
 async def test_chain_verifies_after_traffic(gw: Gateway) -> None:

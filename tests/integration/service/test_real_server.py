@@ -70,8 +70,9 @@ def server(tiny_manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     else:
         raise AssertionError("gateway did not become ready: " + (var / "server.log").read_text())
     httpx.post(f"{url}/admin/tenants", json={"id": "real", "name": "Real"}, headers=ADMIN)
-    key = httpx.post(f"{url}/admin/tenants/real/keys", json={"role": "tenant"},
-                     headers=ADMIN).json()["key"]
+    key = httpx.post(
+        f"{url}/admin/tenants/real/keys", json={"role": "tenant"}, headers=ADMIN
+    ).json()["key"]
     yield Server(url, key, proc)
     proc.terminate()
     proc.wait(timeout=60)
@@ -85,8 +86,9 @@ def test_openai_client_chat_and_completions(server: Server) -> None:
     )
     assert chat.choices[0].finish_reason == "length" and chat.usage is not None
     assert chat.usage.completion_tokens == 8
-    comp = c.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=8,
-                                temperature=0, logprobs=2)
+    comp = c.completions.create(
+        model=MODEL, prompt="def add(a, b):", max_tokens=8, temperature=0, logprobs=2
+    )
     assert comp.choices[0].logprobs is not None and len(comp.choices[0].logprobs.tokens) == 8
     models = c.models.list()
     assert [m.id for m in models.data] == [MODEL]
@@ -95,13 +97,19 @@ def test_openai_client_chat_and_completions(server: Server) -> None:
 def test_openai_client_stream_with_usage(server: Server) -> None:
     c = server.client()
     full = c.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=10,
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=10,
         temperature=0,
     )
     text, usage = "", None
     for chunk in c.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=10,
-        temperature=0, stream=True, stream_options={"include_usage": True},
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     ):
         if chunk.choices:
             text += chunk.choices[0].delta.content or ""
@@ -138,11 +146,17 @@ def test_concurrent_clients_get_their_own_answers(server: Server) -> None:
 
 
 def test_client_disconnect_frees_the_slot_and_is_audited(server: Server) -> None:
-    body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 200, "stream": True,
-            "temperature": 0}
+    body = {
+        "model": MODEL,
+        "prompt": "def add(a, b):",
+        "max_tokens": 200,
+        "stream": True,
+        "temperature": 0,
+    }
     headers = {"authorization": f"Bearer {server.key}"}
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=headers,
-                      timeout=60) as r:
+    with httpx.stream(
+        "POST", f"{server.url}/v1/completions", json=body, headers=headers, timeout=60
+    ) as r:
         rid = r.headers["x-request-id"]
         for _ in r.iter_lines():
             break  # first chunk, then hang up
@@ -159,8 +173,13 @@ def test_client_disconnect_frees_the_slot_and_is_audited(server: Server) -> None
 
 
 def test_overload_answers_503_with_retry_after(server: Server) -> None:
-    body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 150, "temperature": 0,
-            "decoding": {"mode": "standard"}}
+    body = {
+        "model": MODEL,
+        "prompt": "def add(a, b):",
+        "max_tokens": 150,
+        "temperature": 0,
+        "decoding": {"mode": "standard"},
+    }
     headers = {"authorization": f"Bearer {server.key}"}
 
     def post(_: int) -> httpx.Response:
