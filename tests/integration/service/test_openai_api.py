@@ -259,3 +259,56 @@ async def test_tokenize(gw: Gateway) -> None:
 async def test_chain_verifies_after_traffic(gw: Gateway) -> None:
     r = await gw.client.get("/audit/verify", headers=ADMIN)
     assert r.json()["ok"] is True and r.json()["checked"] > 5
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green"]}, "n": {"type": "integer"}},
+    "required": ["color"],
+    "additionalProperties": False,
+}
+
+
+async def test_json_schema_output_validates_and_speculation_keeps_it(gw: Gateway) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA, "strict": True}}
+    std = await gw.chat(
+        max_tokens=48, temperature=0, response_format=fmt, decoding={"mode": "standard"}
+    )
+    spec = await gw.chat(
+        max_tokens=48,
+        temperature=0,
+        response_format=fmt,
+        decoding={"mode": "speculative", "proposer": "draft"},
+    )
+    assert std.status_code == spec.status_code == 200, spec.text
+    a, b = std.json()["choices"][0], spec.json()["choices"][0]
+    assert a["message"]["content"] == b["message"]["content"]
+    if a["finish_reason"] == "stop":
+        value = json.loads(a["message"]["content"])
+        assert value["color"] in ("red", "green") and set(value) <= {"color", "n"}
+    else:
+        assert a["finish_reason"] == "length"
+    rec = next(x for x in await gw.records() if x["request_id"] == spec.headers["x-request-id"])
+    assert rec["constraint"] == "json_schema" and rec["constraint_sha256"]
+
+
+async def test_json_object_mode_returns_an_object(gw: Gateway) -> None:
+    r = await gw.chat(max_tokens=48, temperature=0, response_format={"type": "json_object"})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(choice["message"]["content"]), dict)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "strnig"},
+        {"type": "object", "properties": {"a": {"type": "string", "maxLenght": 3}}},
+    ],
+)
+async def test_bad_schema_is_a_400_naming_it(gw: Gateway, schema: dict[str, object]) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": schema}}
+    r = await gw.chat(max_tokens=8, response_format=fmt)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "response_format" and r.json()["error"]["message"]
