@@ -56,7 +56,15 @@ class Authenticator:
         key = authorization[7:].strip()
         if hmac.compare_digest(_sha(key), self.admin_hash):
             return Principal(role="admin", tenant_id=None, key_id="admin")
-        info = await self.store.lookup_key(key)
+        try:
+            info = await self.store.lookup_key(key)
+        except Exception as exc:  # the database is down: refuse, never guess
+            raise GatewayError(
+                "unavailable",
+                "the key store is unavailable; retry shortly",
+                code="database_unavailable",
+                retry_after=2,
+            ) from exc
         if info is None or info.revoked:
             shown = key[:6] + "..." + key[-4:] if len(key) > 12 else "***"
             raise GatewayError(

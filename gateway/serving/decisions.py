@@ -123,7 +123,11 @@ class PolicyService:
         if not force and time.monotonic() - self._refreshed < REFRESH_S:
             return
         self._refreshed = time.monotonic()
-        rows = await self.store.list_acceptance()
+        try:
+            rows = await self.store.list_acceptance()
+        except Exception as exc:  # history is advisory: keep the last view, decide on it
+            log.warning("acceptance history refresh failed: %s", exc)
+            return
         self.history = {
             (r["tenant_id"], r["proposer"], r["draft_version"]): HistoryEntry(
                 acceptance=r["ewma_acceptance"], c=r["ewma_c"], samples=r["samples"]
