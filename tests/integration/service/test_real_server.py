@@ -51,7 +51,7 @@ def server(tiny_manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "GATEWAY_ADMIN_KEY": ADMIN_KEY,
         "GATEWAY_MODELS": str(tiny_manifest),
         "GATEWAY_VAR_DIR": str(var),
-        "GATEWAY_QUEUE_CAPACITY": "2",
+        "GATEWAY_QUEUE_CAPACITY": "3",
         "GATEWAY_MAX_ACTIVE": "1",
         "GATEWAY_LOG_LEVEL": "warning",
     }
