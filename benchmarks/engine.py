@@ -247,7 +247,7 @@ def summarise(name: str, run: ConfigRun, base: ConfigRun, t_step: float) -> dict
     return row
 
 
-def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
+def run(out_dir: Path, quick: bool = False, prompts_path: Path = PROMPTS) -> dict[str, Any]:
     torch.manual_seed(0)
     threads = int(os.environ.get("ENGINE_BENCH_THREADS", "0"))
     if threads > 0:  # on a shared CPU, 1 thread gives steadier ratios
@@ -256,7 +256,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     target, engine = pair.target, Engine(pair.target)
     v1, v2 = pair.drafts["v1"], pair.drafts["v2"]
     tok = target.tokenizer
-    lines = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in prompts_path.read_text().splitlines() if line.strip()]
     prompts = [tuple(tok(x["prompt"], add_special_tokens=False)["input_ids"]) for x in lines]
     runs = 1 if quick else 3
     sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
