@@ -7,20 +7,9 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from gateway.serving.errors import GatewayError
+from gateway.serving.errors import STATUS_OF_KIND, GatewayError
 
-STATUS = {
-    "invalid_request": 400,
-    "context_length": 400,
-    "authentication": 401,
-    "permission": 403,
-    "not_found": 404,
-    "conflict": 409,
-    "rate_limited": 429,
-    "overloaded": 503,
-    "unavailable": 503,
-    "internal": 500,
-}
+STATUS = STATUS_OF_KIND
 TYPE = {
     "invalid_request": "invalid_request_error",
     "context_length": "invalid_request_error",

@@ -19,6 +19,21 @@ Kind = Literal[
 ]
 
 
+STATUS_OF_KIND: dict[str, int] = {
+    "invalid_request": 400,
+    "context_length": 400,
+    "authentication": 401,
+    "permission": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "rate_limited": 429,
+    "overloaded": 503,
+    "unavailable": 503,
+    "internal": 500,
+}
+"""The HTTP status each kind answers with (the audit record stores it too)."""
+
+
 class GatewayError(Exception):
     """An error with a kind, a message for the client and the offending parameter."""
 

@@ -16,22 +16,10 @@ from typing import Any
 from gateway.audit import AuditUnavailable, AuditWriter, Payload, RequestRecord
 from gateway.serving.audit_map import refused_record, served_record
 from gateway.serving.commands import Generate, Principal, RequestMeta
-from gateway.serving.errors import GatewayError
+from gateway.serving.errors import STATUS_OF_KIND, GatewayError
 from gateway.serving.outcome import Outcome
 
 log = logging.getLogger("gateway.audit")
-STATUS_OF_KIND = {
-    "invalid_request": 400,
-    "context_length": 400,
-    "authentication": 401,
-    "permission": 403,
-    "not_found": 404,
-    "conflict": 409,
-    "rate_limited": 429,
-    "overloaded": 503,
-    "unavailable": 503,
-    "internal": 500,
-}
 RETRY_AFTER_FAILURE_S = 2.0
 
 Listener = Callable[[RequestRecord, Any], None]
