@@ -4,10 +4,7 @@ concurrency, and none lost when the gateway shuts down with requests in flight."
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,8 +15,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from gateway.audit import AuditStore, RecordFilter
-from tests.integration.service.harness import ADMIN, ADMIN_KEY, MODEL, running_gateway
-from tests.integration.service.test_real_server import _free_port
+from tests.integration.service.harness import ADMIN, MODEL, running_gateway
+from tests.integration.service.process import start_gateway
 from tests.pg import admin_engine, fresh_database
 
 
@@ -58,38 +55,9 @@ async def test_concurrent_requests_each_get_one_record(tiny_manifest: Path, tmp_
 def test_shutdown_with_requests_in_flight_loses_no_record(
     tiny_manifest: Path, tmp_path: Path
 ) -> None:
-    port = _free_port()
-    db = f"sqlite+aiosqlite:///{tmp_path}/shutdown.db"
-    env = {
-        **os.environ,
-        "GATEWAY_PORT": str(port),
-        "GATEWAY_DATABASE_URL": db,
-        "GATEWAY_ADMIN_KEY": ADMIN_KEY,
-        "GATEWAY_MODELS": str(tiny_manifest),
-        "GATEWAY_VAR_DIR": str(tmp_path),
-        "GATEWAY_LOG_LEVEL": "warning",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    db = f"sqlite+aiosqlite:///{tmp_path}/gateway.db"
+    proc, url, key = start_gateway(tiny_manifest, tmp_path)
     try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, "gateway did not start"
-            time.sleep(0.5)
-        httpx.post(f"{url}/admin/tenants", json={"id": "s", "name": "S"}, headers=ADMIN)
-        key = httpx.post(
-            f"{url}/admin/tenants/s/keys", json={"role": "tenant"}, headers=ADMIN
-        ).json()["key"]
 
         def call(i: int) -> httpx.Response | None:
             body = {"model": MODEL, "prompt": f"def f{i}(", "max_tokens": 40, "temperature": 0}
@@ -119,7 +87,7 @@ def test_shutdown_with_requests_in_flight_loses_no_record(
 
     async def stored() -> set[str]:
         store = await AuditStore.connect(db)
-        rows, _ = await store.records(RecordFilter(tenant_id="s"), limit=100)
+        rows, _ = await store.records(RecordFilter(tenant_id="real"), limit=100)
         check = await store.verify()
         await store.close()
         assert check["ok"] is True

@@ -3,10 +3,7 @@ chat, completions, streams, errors, concurrent clients, disconnects and overload
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,13 +14,8 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.service.harness import ADMIN, ADMIN_KEY, MODEL
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.integration.service.harness import ADMIN, MODEL
+from tests.integration.service.process import start_gateway
 
 
 @dataclass
@@ -43,40 +35,10 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tiny_manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     var = tmp_path_factory.mktemp("server")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "GATEWAY_PORT": str(port),
-        "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{var}/gateway.db",
-        "GATEWAY_ADMIN_KEY": ADMIN_KEY,
-        "GATEWAY_MODELS": str(tiny_manifest),
-        "GATEWAY_VAR_DIR": str(var),
-        "GATEWAY_QUEUE_CAPACITY": "3",
-        "GATEWAY_MAX_ACTIVE": "1",
-        "GATEWAY_LOG_LEVEL": "warning",
-    }
-    log = (var / "server.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300  # model load on a busy 2-core CI machine
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, (var / "server.log").read_text()
-        time.sleep(0.5)
-    else:
-        raise AssertionError("gateway did not become ready: " + (var / "server.log").read_text())
-    httpx.post(f"{url}/admin/tenants", json={"id": "real", "name": "Real"}, headers=ADMIN)
-    key = httpx.post(
-        f"{url}/admin/tenants/real/keys", json={"role": "tenant"}, headers=ADMIN
-    ).json()["key"]
+    proc, url, key = start_gateway(tiny_manifest, var, queue_capacity="3", max_active="1")
     yield Server(url, key, proc)
     proc.terminate()
     proc.wait(timeout=60)
-    log.close()
 
 
 def test_openai_client_chat_and_completions(server: Server) -> None:
