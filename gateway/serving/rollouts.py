@@ -15,17 +15,18 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gateway.audit import AuditStore, RequestRecord
-from gateway.engine import DecodeRequest, Engine, EngineError, Finished, LoadedModel, SamplingParams
+from gateway.engine import EngineError, LoadedModel
 from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.models import ModelPool
 from gateway.serving.recorder import Recorder
-from gateway.serving.worker import InferenceWorker, Overloaded
+from gateway.serving.regression_gate import run_regression_gate
+from gateway.serving.worker import InferenceWorker
 from models_registry import manifest as registry
 from models_registry import regression as reg
 from models_registry import rollout as rl
@@ -91,30 +92,6 @@ def _arm_view(stats: ArmStats) -> dict[str, Any]:
         "p50_ms": stats.p50,
         "p95_ms": stats.p95,
     }
-
-
-def _regression_steps(
-    engine: Engine, draft: LoadedModel, prompts: tuple[reg.RegressionPrompt, ...], cancelled: Any
-) -> Iterator[reg.RegressionResult | None]:
-    """Decode every prompt greedily, standard then speculative; one decoding step per next()."""
-    for p in prompts:
-        ids = tuple(engine.tokenizer.encode(p.prompt, add_special_tokens=False))
-        budget = max(1, min(p.max_new_tokens, engine.context_length - len(ids)))
-        out: dict[str, tuple[int, ...]] = {}
-        for mode in ("standard", "speculative"):
-            req = DecodeRequest(
-                prompt_ids=ids,
-                sampling=SamplingParams(temperature=0, max_tokens=budget),
-                mode=mode,  # type: ignore[arg-type]
-                proposer="draft" if mode == "speculative" else None,
-                k_min=1,
-                k_max=4,
-            )
-            for item in engine.stream(req, draft if mode == "speculative" else None, cancelled):
-                if isinstance(item, Finished):
-                    out[mode] = item.result.token_ids
-                yield None
-        yield reg.RegressionResult(p.id, out["standard"], out["speculative"])
 
 
 class RolloutService:
@@ -446,11 +423,5 @@ class RolloutService:
 
     async def run_regression(self, target: str, draft: LoadedModel) -> reg.GateVerdict:
         """Greedy standard vs speculative on every regression prompt, on the inference worker."""
-        prompts = reg.load_regression_set(self.regression_set)
         _, engine = self.pool.target(target)
-        try:
-            job = self.worker.submit(lambda c: _regression_steps(engine, draft, prompts, c))
-        except Overloaded as exc:
-            raise GatewayError("overloaded", str(exc), retry_after=exc.retry_after) from exc
-        results = [x async for x in self.worker.events(job) if x is not None]
-        return reg.gate(results, prompts)
+        return await run_regression_gate(engine, draft, self.worker, self.regression_set)
