@@ -26,7 +26,6 @@ is_complete). Reported: allowed_mask mean / p99 per call, llguidance mask comput
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -65,31 +64,12 @@ PROMPTS = [
 
 
 def load_pair() -> tuple[LoadedModel, LoadedModel, str]:
-    """(target, draft, source): the demo pair, else random stand-ins."""
-    from gateway.engine import load_model
+    """(target, draft v2, source): the engine benchmark's pair (random stand-ins if the demo
+    models are missing)."""
+    from benchmarks.engine import load_pair as engine_pair
 
-    if MANIFEST.exists():
-        import yaml
-
-        entries = yaml.safe_load(MANIFEST.read_text())["models"]
-
-        def find(name: str, version: str) -> LoadedModel:
-            for e in entries:
-                if e["name"] == name and str(e["version"]) == version:
-                    return load_model(MANIFEST.parent / e["path"])
-            raise KeyError(f"{name} v{version} is not in {MANIFEST}")
-
-        target, draft = find("demo-code-target", "1"), find("demo-code-draft", "2")
-        return target, draft, str(MANIFEST.relative_to(ROOT))
-    from benchmarks.engine import random_pair
-
-    print(
-        f"!! {MANIFEST.relative_to(ROOT)} is missing: using RANDOM-WEIGHT models; speeds "
-        "measure overhead only",
-        file=sys.stderr,
-    )
-    pair = random_pair()
-    return pair.target, pair.drafts["v2"], "random"
+    pair = engine_pair()
+    return pair.target, pair.drafts["v2"], pair.source
 
 
 class TimedGrammar:
