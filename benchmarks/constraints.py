@@ -40,8 +40,6 @@ from gateway.engine.constraints.json_schema import (
     validate_output,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-MANIFEST = ROOT / "models_registry" / "demo" / "manifest.yaml"
 NEW_TOKENS = 96
 K_MIN, K_MAX = 1, 8
 SCHEMA: dict[str, Any] = {
