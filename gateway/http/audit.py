@@ -14,19 +14,6 @@ from gateway.serving import Services
 from gateway.serving.commands import Principal
 from gateway.serving.errors import GatewayError, invalid
 
-FILTER_PARAMS = (
-    "tenant",
-    "since",
-    "until",
-    "mode",
-    "target_model",
-    "target_version",
-    "draft_model",
-    "draft_version",
-    "status",
-    "decision_id",
-)
-
 
 def _svc(request: Request[Any, Any, Any]) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]

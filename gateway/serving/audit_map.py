@@ -6,31 +6,26 @@ mapping lives here (DESIGN: the audit store never imports the policy package).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from typing import Any
 
 from gateway.audit import RequestRecord
+from gateway.audit import sha256_text as _sha
 from gateway.engine import DecodeResult
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.errors import GatewayError
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def _constraint(cmd: Generate | None) -> tuple[str, str | None]:
     if cmd is None:
         return "none", None
-    rf = cmd.response_format
-    if rf and rf.get("type") in ("json_object", "json_schema"):
-        spec = json.dumps(rf, sort_keys=True, separators=(",", ":"))
-        return str(rf["type"]), _sha(spec)
-    if cmd.logit_bias:
-        return "logit_bias", _sha(json.dumps(sorted(cmd.logit_bias)))
-    return "none", None
+    kind = cmd.constraint
+    if kind in ("json_object", "json_schema"):
+        return kind, _sha(json.dumps(cmd.response_format, sort_keys=True, separators=(",", ":")))
+    if kind == "logit_bias":
+        return kind, _sha(json.dumps(sorted(cmd.logit_bias)))
+    return kind, None
 
 
 def _requested_mode(cmd: Generate | None) -> str | None:

@@ -6,19 +6,15 @@ generated on first start, printed once, and only its hash is kept on disk.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 import sys
 from pathlib import Path
 
 from gateway.audit import AuditStore
+from gateway.audit import sha256_text as _sha
 from gateway.serving.commands import Principal
 from gateway.serving.errors import GatewayError
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def bootstrap_admin_hash(admin_key: str | None, var_dir: str) -> str:

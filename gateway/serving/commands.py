@@ -55,3 +55,11 @@ class Generate:
     stream: bool = False
     include_usage: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def constraint(self) -> str:
+        """none | json_object | json_schema | logit_bias (what the audit record names)."""
+        rf = self.response_format
+        if rf and rf.get("type") in ("json_object", "json_schema"):
+            return str(rf["type"])
+        return "logit_bias" if self.logit_bias else "none"

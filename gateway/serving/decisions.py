@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.audit import AdminEvent, AuditStore
-from gateway.serving.commands import DecodingOverride
 from gateway.serving.errors import invalid
 from gateway.serving.ratelimit import Limits
 from policies import (
@@ -40,22 +39,6 @@ log = logging.getLogger("gateway.policy")
 GLOBAL = "*"
 REFRESH_S = 5.0
 HistoryKey = tuple[str, str, str]  # (tenant, proposer, draft_version or "")
-
-
-@dataclass(frozen=True)
-class RequestFeaturesIn:
-    """What serving knows of a request before deciding (never its text)."""
-
-    endpoint: str
-    model: str
-    override: DecodingOverride | None
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    has_prediction: bool
-    constraint: str
-    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -152,7 +135,7 @@ class PolicyService:
         self,
         tenant: str,
         request_id: str,
-        f: RequestFeaturesIn,
+        f: RequestFeatures,
         draft_versions: tuple[str, ...],
         depth: int,
         capacity: int,
@@ -162,23 +145,9 @@ class PolicyService:
             f.model, request_id, tenant, policy.speculation.allows_draft_version
         )
         mine, everyone = self._histories(tenant)
-        o = f.override
         return DecisionContext(
             tenant_id=tenant,
-            request=RequestFeatures(
-                endpoint=f.endpoint,
-                model=f.model,
-                requested_mode=o.mode if o else None,
-                requested_proposer=o.proposer if o else None,
-                requested_k=o.k if o else None,
-                max_tokens=f.max_tokens,
-                temperature=f.temperature,
-                top_p=f.top_p,
-                seed=f.seed,
-                has_prediction=f.has_prediction,
-                constraint=f.constraint,
-                prompt_tokens=f.prompt_tokens,
-            ),
+            request=f,
             history=mine,
             global_history=everyone,
             load=Load(queue_depth=depth, capacity=capacity),
@@ -192,7 +161,7 @@ class PolicyService:
         self,
         tenant: str,
         request_id: str,
-        f: RequestFeaturesIn,
+        f: RequestFeatures,
         draft_versions: tuple[str, ...],
         worker: Any,
     ) -> Plan:
@@ -272,15 +241,14 @@ class PolicyService:
         request = body.get("request") or {}
         if not isinstance(tenant, str) or not isinstance(request, dict):
             raise invalid('send {"tenant": str, "request": {...}}', "tenant")
-        override = None
-        if isinstance(request.get("decoding"), dict):
-            d = request["decoding"]
-            override = DecodingOverride(d.get("mode", "auto"), d.get("proposer"), d.get("k"))
+        d = request.get("decoding") if isinstance(request.get("decoding"), dict) else {}
         try:
-            f = RequestFeaturesIn(
+            f = RequestFeatures(
                 endpoint=str(request.get("endpoint", "chat.completions")),
                 model=str(request.get("model", "")),
-                override=override,
+                requested_mode=d.get("mode", "auto") if d else None,
+                requested_proposer=d.get("proposer"),
+                requested_k=d.get("k"),
                 max_tokens=int(request.get("max_tokens", 256)),
                 temperature=float(request.get("temperature", 1.0)),
                 top_p=float(request.get("top_p", 1.0)),

@@ -10,7 +10,6 @@ the last byte, so nothing is served unaudited.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -31,13 +30,14 @@ from gateway.engine.constraints.json_schema import (
     validate_output,
 )
 from gateway.serving.commands import Generate, Principal, RequestMeta
-from gateway.serving.decisions import PolicyService, RequestFeaturesIn
+from gateway.serving.decisions import PolicyService
 from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.models import ModelPool
 from gateway.serving.outcome import Outcome
 from gateway.serving.ratelimit import Quota, RateLimiter
 from gateway.serving.recorder import Recorder
 from gateway.serving.worker import InferenceWorker, Overloaded
+from policies import RequestFeatures
 
 DEFAULT_MAX_TOKENS = {"completions": 16, "chat.completions": 256}
 
@@ -181,16 +181,19 @@ class GenerationService:
                 )
 
         grammar, schema = await self._grammar(cmd, engine)
-        features = RequestFeaturesIn(
+        o = cmd.decoding
+        features = RequestFeatures(
             endpoint=cmd.endpoint,
             model=cmd.model,
-            override=cmd.decoding,
+            requested_mode=o.mode if o else None,
+            requested_proposer=o.proposer if o else None,
+            requested_k=o.k if o else None,
             max_tokens=max_tokens,
             temperature=cmd.temperature,
             top_p=cmd.top_p,
             seed=cmd.seed,
             has_prediction=cmd.prediction is not None,
-            constraint=constraint_kind(cmd),
+            constraint=cmd.constraint,
             prompt_tokens=len(prompt_ids),
         )
         tenant = principal.tenant_id
@@ -287,16 +290,6 @@ class GenerationService:
             raise invalid(str(exc), "response_format") from None
         return compiled.new(), schema
 
-    async def refused(
-        self,
-        principal: Principal | None,
-        meta: RequestMeta,
-        cmd: Generate | None,
-        error: GatewayError,
-    ) -> None:
-        """Audit a request refused before decoding (bad input, limits, overload)."""
-        await self.recorder.refused(principal, meta, cmd, error)
-
 
 def tokenize(tokenizer: Any, cmd: Generate) -> tuple[str, tuple[int, ...]]:
     """The prompt as text (hashed into the audit record) and as token ids."""
@@ -315,13 +308,3 @@ def tokenize(tokenizer: Any, cmd: Generate) -> tuple[str, tuple[int, ...]]:
         return tokenizer.decode(list(cmd.prompt)), cmd.prompt
     text = cmd.prompt or ""
     return text, tuple(tokenizer.encode(text, add_special_tokens=False))
-
-
-def constraint_kind(cmd: Generate) -> str:
-    if cmd.response_format and cmd.response_format.get("type") in ("json_object", "json_schema"):
-        return str(cmd.response_format["type"])
-    return "logit_bias" if cmd.logit_bias else "none"
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
