@@ -52,6 +52,7 @@ class Services:
         """Finish what was accepted: the worker's jobs, background writes, then the store."""
         await asyncio.to_thread(self.worker.stop)
         await self.recorder.drain()
+        await self.policy.stop()
         await self.writer.stop()
         await self.store.close()
 

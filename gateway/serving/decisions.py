@@ -10,6 +10,7 @@ written through after each speculative request) and each tenant's last auto outc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -67,6 +68,7 @@ class PolicyService:
         self.previous_mode: dict[str, str] = {}
         self.choose_draft: DraftChooser = lambda *_: None
         self._refreshed = 0.0
+        self._refreshing: asyncio.Task[None] | None = None
         self._rng = random.Random()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -118,6 +120,20 @@ class PolicyService:
             for r in rows
         }
 
+    def _refresh_in_background(self) -> None:
+        """Keep database reads off the request path: a stale view is refreshed by a task
+        while this request decides on the view it has."""
+        if self._refreshing is None and time.monotonic() - self._refreshed >= REFRESH_S:
+            self._refreshing = asyncio.get_running_loop().create_task(self.refresh_history())
+            self._refreshing.add_done_callback(self._refreshed_done)
+
+    def _refreshed_done(self, _: asyncio.Task[None]) -> None:
+        self._refreshing = None
+
+    async def stop(self) -> None:
+        if self._refreshing is not None:
+            await self._refreshing
+
     # -- per request ----------------------------------------------------------------------
 
     def _histories(self, tenant: str) -> tuple[dict[Any, HistoryEntry], dict[Any, HistoryEntry]]:
@@ -165,7 +181,7 @@ class PolicyService:
         draft_versions: tuple[str, ...],
         worker: Any,
     ) -> Plan:
-        await self.refresh_history()
+        self._refresh_in_background()
         ctx = self.context(tenant, request_id, f, draft_versions, worker.depth, worker.capacity)
         bundle = self.policies.active
         decision = decide(bundle, ctx)
