@@ -90,7 +90,12 @@ class Engine:
                 self._check_draft(draft)
                 d_shaper = self._shaper(sp, draft.vocab_size, draft.device)
                 proposer = DraftModelProposer(
-                    draft, d_shaper, generator, req.grammar, t.eos_token_ids
+                    draft,
+                    d_shaper,
+                    generator,
+                    req.grammar,
+                    t.eos_token_ids,
+                    min_confidence=req.min_draft_confidence,
                 )
                 draft_ctx = draft.context_length
                 c0 = static_c(t.model.config, draft.model.config)
@@ -172,5 +177,7 @@ class Engine:
             sp.banned_token_ids
         ):
             raise InvalidRequest("allowed_token_ids minus banned_token_ids is empty")
+        if not 0.0 <= req.min_draft_confidence <= 1.0:
+            raise InvalidRequest("min_draft_confidence must lie in [0, 1]")
         if req.mode == "speculative" and not 1 <= req.k_min <= req.k_max <= MAX_K:
             raise InvalidRequest(f"need 1 <= k_min <= k_max <= {MAX_K}")

@@ -11,6 +11,7 @@ from gateway.engine.stats import DecodeStats
 Mode = Literal["standard", "speculative"]
 ProposerName = Literal["draft", "prompt_lookup", "prediction"]
 FinishReason = Literal["stop", "length", "cancelled"]
+DEFAULT_MIN_DRAFT_CONFIDENCE = 0.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class DecodeRequest:
     k_min: int = 1
     k_max: int = 8
     prediction: str | None = None  # text for the "prediction" proposer
+    # The draft model stops drafting after a token it gave less than this probability.
+    min_draft_confidence: float = DEFAULT_MIN_DRAFT_CONFIDENCE
     grammar: Grammar | None = None  # per-request, stateful: use a fresh one per request
 
 

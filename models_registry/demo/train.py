@@ -1,12 +1,16 @@
 """Recipe for the bundled demo pair: tokenizer, target, draft v1, draft v2 (distilled).
 
     python -m models_registry.demo.train            # all stages, resumes where it stopped
+    python -m models_registry.demo.train --init-from models_registry/demo --target-steps 1400 \
+        --draft-steps 0 --distill-steps 300        # continue training the committed models
 
 Stages write into a work folder (default var/demo-train/) and are skipped when their output
 exists; model training checkpoints every `--ckpt-every` steps, so an interrupted run resumes
 from its last checkpoint with the same data order (batches are drawn from a generator seeded
-by (seed, step)). The export stage writes fp16 safetensors, the manifest and metrics.json
-into models_registry/demo/. CPU only; never run by `make test`.
+by (seed, step)). With `--init-from DIR` every model starts from DIR's exported weights
+(and the tokenizer is DIR's, so token ids never change); 0 steps keeps a model as it is, and
+metrics.json keeps the earlier phases' records. The export stage writes fp16 safetensors,
+the manifest and metrics.json into models_registry/demo/. CPU only; never run by `make test`.
 """
 
 from __future__ import annotations
@@ -193,6 +197,32 @@ def train(
     }
 
 
+def init_weights(model: LlamaForCausalLM, init_from: Path | None, rel: str) -> bool:
+    """Load DIR/rel's exported (fp16) weights into `model` as fp32; False without DIR."""
+    if init_from is None:
+        return False
+    exported = LlamaForCausalLM.from_pretrained(init_from / rel, local_files_only=True)
+    model.load_state_dict(exported.to(torch.float32).state_dict())
+    log(f"[{rel}] initialised from {init_from / rel}")
+    return True
+
+
+def phase(previous: dict, name: str, new: dict) -> dict:
+    """The record of `name` after one more training phase: the new phase's fields, the
+    earlier phases under `phases`, and tokens / seconds / steps summed over all of them."""
+    old = previous.get(name)
+    if old is None:
+        return new
+    phases = [*old.get("phases", [{k: v for k, v in old.items() if k in new}]), new]
+    return {
+        **new,
+        "steps": sum(ph["steps"] for ph in phases),
+        "tokens_seen": sum(ph["tokens_seen"] for ph in phases),
+        "train_seconds": round(sum(ph["train_seconds"] for ph in phases), 1),
+        "phases": phases,
+    }
+
+
 # 3. Evaluation ----------------------------------------------------------------------------
 
 
@@ -291,6 +321,9 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument(
+        "--init-from", type=Path, default=None, help="start every model from this export"
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -300,6 +333,14 @@ def main() -> None:
     train_files, held_files = load_corpus()
     log(f"corpus: {len(train_files)} train files, {len(held_files)} held-out files")
     tok_dir = args.work / "tokenizer"
+    init = args.init_from
+    previous: dict = {}
+    if init is not None:
+        previous = json.loads((init / "metrics.json").read_text())
+        if not (tok_dir / "tokenizer.json").exists():  # the same token ids as the old models
+            PreTrainedTokenizerFast.from_pretrained(
+                init / "demo-code-target-v1", local_files_only=True
+            ).save_pretrained(tok_dir)
     if not (tok_dir / "tokenizer.json").exists():
         log("training tokenizer")
         train_tokenizer([f.text for f in train_files], args.vocab).save_pretrained(tok_dir)
@@ -324,23 +365,41 @@ def main() -> None:
         }
     }
 
+    # A continued phase uses new batch seeds (+100) and a lower peak learning rate.
+    again = 100 if init is not None else 0
     target = build_model(TARGET, vocab, args.seed)
-    t_spec = TrainSpec("target", args.target_steps, args.batch, args.seq, 2e-3, args.seed)
-    report["target"] = train(target, data, t_spec, args.work / "target.pt", args.ckpt_every)
+    init_weights(target, init, "demo-code-target-v1")
+    t_lr = 1e-3 if again else 2e-3
+    t_spec = TrainSpec("target", args.target_steps, args.batch, args.seq, t_lr, args.seed + again)
+    t_rec = train(target, data, t_spec, args.work / "target.pt", args.ckpt_every)
+    report["target"] = phase(previous, "target", t_rec)
     target.eval().requires_grad_(False)
 
     draft_v1 = build_model(DRAFT, vocab, args.seed + 1)
-    d_spec = TrainSpec("draft_v1", args.draft_steps, args.batch, args.seq, 3e-3, args.seed + 1)
-    report["draft_v1"] = train(draft_v1, data, d_spec, args.work / "draft_v1.pt", args.ckpt_every)
+    init_weights(draft_v1, init, "demo-code-draft-v1")
+    d_spec = TrainSpec(
+        "draft_v1", args.draft_steps, args.batch, args.seq, 3e-3, args.seed + 1 + again
+    )
+    d_rec = train(draft_v1, data, d_spec, args.work / "draft_v1.pt", args.ckpt_every)
+    keep_v1 = init is not None and d_spec.steps == 0
+    report["draft_v1"] = previous["draft_v1"] if keep_v1 else phase(previous, "draft_v1", d_rec)
 
     draft_v2 = build_model(DRAFT, vocab, args.seed + 1)
-    draft_v2.load_state_dict(draft_v1.state_dict())  # start from v1, then distil
+    if not init_weights(draft_v2, init, "demo-code-draft-v2"):
+        draft_v2.load_state_dict(draft_v1.state_dict())  # start from v1, then distil
     v2_spec = TrainSpec(
-        "draft_v2", args.distill_steps, args.batch, args.seq, 1.5e-3, args.seed + 2, warmup=20
+        "draft_v2",
+        args.distill_steps,
+        args.batch,
+        args.seq,
+        1.5e-3,
+        args.seed + 2 + again,
+        warmup=20,
     )
-    report["draft_v2"] = train(
+    v2_rec = train(
         draft_v2, data, v2_spec, args.work / "draft_v2.pt", args.ckpt_every, teacher=target
     )
+    report["draft_v2"] = phase(previous, "draft_v2", v2_rec)
     report["draft_v2"]["distilled_from"] = "target (KL to its next-token distribution)"
 
     log("evaluating")

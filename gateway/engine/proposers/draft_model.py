@@ -20,6 +20,12 @@ class DraftModelProposer:
     The cache holds the draft's KV for `self._fed`; each propose() crops it back to the
     longest prefix shared with the committed context (rejected tokens fall out) and feeds
     the rest, so after m accepted of n the next call feeds 1-2 tokens.
+
+    Drafting stops early, before k, after a token the draft itself gave a probability below
+    `min_confidence` (its own warped distribution): such a token is likely rejected, and
+    every token drafted after it would be wasted. Where to stop never changes what the
+    verifier emits (any draft length is exact), and it depends only on the draft's
+    probabilities, never on timings, so a seed still fixes the output.
     """
 
     name = "draft"
@@ -31,6 +37,7 @@ class DraftModelProposer:
         generator: torch.Generator | None,
         grammar: Grammar | None = None,
         eos_token_ids: tuple[int, ...] = (),
+        min_confidence: float = 0.0,
     ) -> None:
         self._model = draft.model
         self._device = draft.device
@@ -40,6 +47,7 @@ class DraftModelProposer:
         self._grammar = grammar
         self._eos = frozenset(eos_token_ids)
         self._eos_ids = eos_token_ids
+        self._min_conf = min_confidence
         self._kwarg = cache_kwarg(draft.model)
         self._cache = DynamicCache()
         self._fed: list[int] = []
@@ -81,12 +89,14 @@ class DraftModelProposer:
             z = self._shaper.shape(logits, None if mask is None else mask[None])  # (1, V)
             if self._shaper.greedy:
                 tok = int(torch.argmax(z, dim=-1))
+                conf = float(torch.softmax(z[0], dim=-1)[tok]) if self._min_conf > 0 else 1.0
             else:
                 q = self._shaper.probs(z)  # (1, V)
                 tok = int(sample(q, self._gen))
                 rows.append(q)
+                conf = float(q[0, tok])
             tokens.append(tok)
-            if tok in self._eos:
+            if tok in self._eos or conf < self._min_conf:
                 break
             if self._grammar is not None:
                 self._grammar.consume(tok)

@@ -102,6 +102,7 @@ def test_prompt_too_long(eng) -> None:
         (DecodeRequest(PROMPT, SamplingParams(top_logprobs=21)), "top_logprobs"),
         (DecodeRequest(PROMPT, SamplingParams(max_tokens=0)), "max_tokens"),
         (DecodeRequest((10**6,), GREEDY), "prompt token ids"),
+        (DecodeRequest(PROMPT, GREEDY, min_draft_confidence=1.5), "min_draft_confidence"),
         (
             DecodeRequest(PROMPT, SamplingParams(allowed_token_ids=(3,), banned_token_ids=(3,))),
             "empty",
@@ -127,6 +128,16 @@ def test_same_seed_same_output(eng, draft_lm, proposer) -> None:
 
     assert run(1) == run(1)
     assert len({run(s) for s in range(2, 6)}) > 1  # and the seed matters
+
+
+def test_same_seed_same_output_with_a_confidence_floor(eng, draft_lm) -> None:
+    """Where drafting stops depends on the draft's probabilities only, never on timings."""
+
+    def run(seed: int):
+        sp = SamplingParams(temperature=1.0, max_tokens=20, seed=seed)
+        return eng.run(spec(sampling=sp, min_draft_confidence=0.3), draft=draft_lm).token_ids
+
+    assert run(7) == run(7)
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3])

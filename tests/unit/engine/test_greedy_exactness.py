@@ -57,9 +57,10 @@ prompts = st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=24).map(tuple
     k_extra=st.integers(0, 5),
     max_tokens=st.integers(1, 40),
     corrupt=st.integers(0, 30),
+    min_conf=st.sampled_from([0.0, 0.0, 0.3, 0.9]),
 )
 def test_greedy_speculative_equals_standard(
-    arch, seed, prompt, proposer, noise, k_min, k_extra, max_tokens, corrupt
+    arch, seed, prompt, proposer, noise, k_min, k_extra, max_tokens, corrupt, min_conf
 ) -> None:
     eng = engine(arch, seed)
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -78,6 +79,7 @@ def test_greedy_speculative_equals_standard(
         k_min=k_min,
         k_max=k_min + k_extra,
         prediction=prediction,
+        min_draft_confidence=min_conf,
     )
     spec = eng.run(req, draft=draft_model(arch, seed, noise) if proposer == "draft" else None)
     assert spec.token_ids == standard.token_ids
@@ -99,3 +101,21 @@ def test_speculation_saves_target_forwards() -> None:
     res = eng.run(req, draft=draft_model("llama", 0, 0.0))
     assert res.stats.tokens_per_target_forward >= 4.0
     assert res.stats.target_forwards <= 1 + 40 // 5 + 1
+
+
+def test_low_draft_confidence_ends_the_draft_early() -> None:
+    """An unrelated random draft is unsure of every token: with a confidence floor of 0.99
+    each proposal stops after its first token; without one it drafts the full k."""
+    eng, draft = engine("llama", 1), draft_model("llama", 1, -1.0)
+    sp = SamplingParams(temperature=0.0, max_tokens=30)
+
+    def run(min_conf: float):
+        req = DecodeRequest(
+            (3, 4, 5), sp, mode="speculative", k_min=6, k_max=6, min_draft_confidence=min_conf
+        )
+        return eng.run(req, draft=draft)
+
+    free, floored = run(0.0), run(0.99)
+    assert floored.token_ids == free.token_ids
+    assert floored.stats.drafted == len(floored.stats.k_history)  # one token per proposal
+    assert free.stats.drafted > 2 * len(free.stats.k_history)
