@@ -140,8 +140,10 @@ def train(
     ckpt: Path,
     ckpt_every: int,
     teacher: LlamaForCausalLM | None = None,
+    mix: np.ndarray | None = None,
 ) -> dict:
-    """Next-token cross-entropy, or KL to `teacher`'s distribution when one is given."""
+    """Next-token cross-entropy, or KL to `teacher`'s distribution when one is given.
+    With `mix`, half of every batch is drawn from it instead of `data`."""
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.1, betas=(0.9, 0.95))
     step, seconds = 0, 0.0
     if ckpt.exists():
@@ -156,6 +158,9 @@ def train(
         for group in opt.param_groups:
             group["lr"] = lr_at(spec, step)
         rows = batch_at(data, spec.seed, step, spec.batch, spec.seq)
+        if mix is not None:
+            half = spec.batch // 2
+            rows[half:] = batch_at(mix, spec.seed + 7, step, spec.batch - half, spec.seq)
         x, y = rows[:, :-1], rows[:, 1:]
         logits = model(input_ids=x).logits  # (B, T, V)
         if teacher is None:
@@ -274,6 +279,37 @@ def step_ms(model: LlamaForCausalLM, context: int = 64, reps: int = 60) -> float
     return float(np.median(times) * 1000)
 
 
+@torch.no_grad()
+def target_continuations(
+    target: LlamaForCausalLM, data: np.ndarray, tokens: int, seed: int, batch: int = 16
+) -> np.ndarray:
+    """`tokens` tokens of the target's own greedy continuations (64-token training windows as
+    prompts, 192 new tokens each), flattened with EOS between sequences: what the draft sees
+    at serving time, where it must predict the target's outputs, not the corpus."""
+    target.eval()
+    prompt_len, new = 64, 192
+    out: list[np.ndarray] = []
+    done, step = 0, 0
+    t0 = time.time()
+    while done < tokens:
+        prompts = batch_at(data, seed, step, batch, prompt_len - 1)  # (B, 64)
+        seqs = target.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+        )  # (B, 64 + new)
+        for row in seqs.numpy().astype(np.uint16):
+            out.append(np.append(row, np.uint16(0)))
+        done += batch * new
+        step += 1
+        rate = done / max(time.time() - t0, 1e-9)
+        log(f"[continuations] {done:,}/{tokens:,} tokens, {rate:.0f} tok/s")
+    return np.concatenate(out)
+
+
 def held_out_prompts(tok, held_texts: list[str], n: int, length: int) -> list[torch.Tensor]:
     prompts = []
     for text in held_texts:
@@ -321,6 +357,13 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument(
+        "--on-policy-tokens",
+        type=int,
+        default=0,
+        help="distil draft v2 on this many tokens of the target's own greedy output (half of "
+        "each batch) besides the corpus; 0 = corpus only",
+    )
     ap.add_argument(
         "--init-from", type=Path, default=None, help="start every model from this export"
     )
@@ -396,11 +439,24 @@ def main() -> None:
         args.seed + 2 + again,
         warmup=20,
     )
+    mix = None
+    if args.on_policy_tokens > 0:
+        mix_path = args.work / "continuations.npy"
+        if not mix_path.exists():
+            log("generating the target's greedy continuations for distillation")
+            gen = target_continuations(target, data, args.on_policy_tokens, args.seed + 3)
+            np.save(mix_path, gen)
+        mix = np.load(mix_path)
     v2_rec = train(
-        draft_v2, data, v2_spec, args.work / "draft_v2.pt", args.ckpt_every, teacher=target
+        draft_v2, data, v2_spec, args.work / "draft_v2.pt", args.ckpt_every, teacher=target, mix=mix
     )
     report["draft_v2"] = phase(previous, "draft_v2", v2_rec)
     report["draft_v2"]["distilled_from"] = "target (KL to its next-token distribution)"
+    if mix is not None:
+        report["draft_v2"]["distilled_on"] = (
+            f"half corpus windows, half the target's own greedy continuations "
+            f"({len(mix):,} tokens: 64-token corpus prompts + 192 new tokens)"
+        )
 
     log("evaluating")
     for name, m in (("target", target), ("draft_v1", draft_v1), ("draft_v2", draft_v2)):
