@@ -207,7 +207,7 @@ def init_weights(model: LlamaForCausalLM, init_from: Path | None, rel: str) -> b
     if init_from is None:
         return False
     exported = LlamaForCausalLM.from_pretrained(init_from / rel, local_files_only=True)
-    model.load_state_dict(exported.to(torch.float32).state_dict())
+    model.load_state_dict(exported.float().state_dict())
     log(f"[{rel}] initialised from {init_from / rel}")
     return True
 
