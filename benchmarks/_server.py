@@ -41,6 +41,23 @@ class Running:
         return str(r.json()["key"])
 
 
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
+    """Poll GET {url}/ready until 200; raise with the server log's tail if the process exits
+    or `timeout` seconds pass (model loading on a busy 2-core machine takes a while). Also
+    used by the integration tests' process launcher."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError("gateway did not become ready: " + log.read_text()[-4000:])
+        time.sleep(0.5)
+
+
 @contextmanager
 def gateway(**env: str) -> Iterator[Running]:
     if not MANIFEST.exists():
@@ -66,16 +83,7 @@ def gateway(**env: str) -> Iterator[Running]:
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.time() + 300
-            while True:
-                try:
-                    if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(Path(f"{tmp}/server.log").read_text()[-2000:])
-                time.sleep(0.5)
+            wait_ready(url, proc, Path(f"{tmp}/server.log"))
             yield Running(url)
         finally:
             proc.terminate()

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from gateway.engine.draft_head import DraftHead, build_head, read_draft_vocab
 from gateway.engine.errors import VocabularyMismatch
 
 
@@ -25,6 +26,7 @@ class LoadedModel:
     vocab_size: int
     context_length: int
     eos_token_ids: tuple[int, ...]
+    draft_head: DraftHead | None = None  # a reduced output head for drafting (draft_head.py)
 
 
 def default_device() -> torch.device:
@@ -50,9 +52,14 @@ def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
 
 
 def wrap_model(
-    model: Any, tokenizer: Any, path: str = "<memory>", device: torch.device | None = None
+    model: Any,
+    tokenizer: Any,
+    path: str = "<memory>",
+    device: torch.device | None = None,
+    draft_vocab: list[int] | None = None,
 ) -> LoadedModel:
-    """Describe an already-built model (eval mode) as a LoadedModel."""
+    """Describe an already-built model (eval mode) as a LoadedModel; with `draft_vocab`, it
+    drafts among those token ids only (see draft_head.py)."""
     model.eval()
     param = next(model.parameters())
     return LoadedModel(
@@ -64,15 +71,21 @@ def wrap_model(
         vocab_size=int(model.get_output_embeddings().weight.shape[0]),
         context_length=_context_length(model.config),
         eos_token_ids=_eos_ids(model, tokenizer),
+        draft_head=None if draft_vocab is None else build_head(model, draft_vocab),
     )
 
 
 def load_model(
-    path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+    path: str | Path,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    draft_vocab: bool = True,
 ) -> LoadedModel:
     """AutoModelForCausalLM + AutoTokenizer from a local directory (never the hub).
 
     Device defaults to CUDA when available, else CPU; dtype to bf16 on CUDA, fp32 on CPU.
+    A `draft_vocab.json` in the directory gives the model a reduced drafting head (used when
+    it drafts, never when it is the target); draft_vocab=False ignores that file.
     """
     dev = torch.device(device) if device is not None else default_device()
     if dtype is None:
@@ -81,7 +94,8 @@ def load_model(
     model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
     model.to(dev)
     model.requires_grad_(False)
-    return wrap_model(model, tokenizer, str(path), dev)
+    vocab = read_draft_vocab(path) if draft_vocab else None
+    return wrap_model(model, tokenizer, str(path), dev, vocab)
 
 
 def check_pair(target: LoadedModel, draft: LoadedModel) -> None:

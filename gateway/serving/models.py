@@ -60,7 +60,7 @@ class ModelPool:
             )
         entry = entries[-1]
         verify_sha256(entry)
-        engine = Engine(load_model(str(entry.path), device=self.device, dtype=self.dtype))
+        engine = Engine(load_model(str(entry.path), self.device, self.dtype, draft_vocab=False))
         with self._lock:
             self._engines.setdefault(name, (entry, engine))
             return self._engines[name]

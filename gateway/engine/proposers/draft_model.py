@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from gateway.engine.constraints.base import Grammar, next_token_mask
+from gateway.engine.draft_head import head_logits
 from gateway.engine.models import LoadedModel, cache_kwarg, crop_cache, forward_logits
 from gateway.engine.proposers.base import Proposal
 from gateway.engine.sampling import LogitsShaper, sample
@@ -26,6 +27,10 @@ class DraftModelProposer:
     every token drafted after it would be wasted. Where to stop never changes what the
     verifier emits (any draft length is exact), and it depends only on the draft's
     probabilities, never on timings, so a seed still fixes the output.
+
+    A draft with a reduced head (`draft.draft_head`) drafts among its subset only: its
+    distribution is zero elsewhere, and drafting stops when shaping leaves no token of the
+    subset allowed (a logit_bias, token list or grammar outside it).
     """
 
     name = "draft"
@@ -49,6 +54,7 @@ class DraftModelProposer:
         self._eos_ids = eos_token_ids
         self._min_conf = min_confidence
         self._kwarg = cache_kwarg(draft.model)
+        self._head = draft.draft_head
         self._cache = DynamicCache()
         self._fed: list[int] = []
         self._stable = 0  # self._fed[:_stable] is known to equal the committed context
@@ -57,7 +63,12 @@ class DraftModelProposer:
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         t0 = time.perf_counter()
-        logits = forward_logits(self._model, self._kwarg, ids, self._cache, self._device, 1)
+        if self._head is not None:
+            logits = head_logits(
+                self._model, self._head, self._kwarg, ids, self._cache, self._device, self._vocab
+            )
+        else:
+            logits = forward_logits(self._model, self._kwarg, ids, self._cache, self._device, 1)
         self.forwards += 1
         self.forward_s += time.perf_counter() - t0
         self._fed.extend(ids)
@@ -87,6 +98,8 @@ class DraftModelProposer:
                 if not bool(mask.any()):
                     break
             z = self._shaper.shape(logits, None if mask is None else mask[None])  # (1, V)
+            if self._head is not None and not bool(torch.isfinite(z).any()):
+                break  # nothing in the draft's subset is allowed here
             if self._shaper.greedy:
                 tok = int(torch.argmax(z, dim=-1))
                 conf = float(torch.softmax(z[0], dim=-1)[tok]) if self._min_conf > 0 else 1.0

@@ -6,11 +6,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from benchmarks._server import wait_ready
 from tests.integration.service.harness import ADMIN, ADMIN_KEY
 
 
@@ -40,17 +40,7 @@ def start_gateway(
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300  # model load on a busy 2-core CI machine
-    while True:
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise AssertionError("gateway did not become ready: " + log.read_text())
-        time.sleep(0.5)
+    wait_ready(url, proc, log)
     httpx.post(f"{url}/admin/tenants", json={"id": "real", "name": "Real"}, headers=ADMIN)
     key = httpx.post(
         f"{url}/admin/tenants/real/keys", json={"role": "tenant"}, headers=ADMIN

@@ -1,0 +1,103 @@
+"""A draft model's reduced output head: its logits over a fixed subset of the vocabulary.
+
+On a CPU a small draft spends most of a step reading its output embedding (for the demo
+draft, 1.6M of its 2.0M parameters), so drafting only among the N most frequent tokens
+(a frequency-ranked draft vocabulary, as in FR-Spec, Zhao et al. 2025) makes each draft
+step much cheaper for a small loss in acceptance. Exactness does not depend on it: the
+draft proposes from a distribution that is zero outside the subset, and the verifier
+accepts and corrects against the target as for any other draft distribution.
+
+A model directory opts in with `draft_vocab.json` = {"token_ids": [...], ...}; building
+the head checks once that the model's logits really are `lm_head(last hidden state)`
+(models with logit soft-capping or scaling are refused with a clear error).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+@dataclass(frozen=True)
+class DraftHead:
+    token_ids: torch.Tensor  # (N,) sorted, unique
+    weight: torch.Tensor  # (N, H) rows of the output embedding
+    bias: torch.Tensor | None  # (N,)
+
+    @property
+    def size(self) -> int:
+        return int(self.token_ids.numel())
+
+
+def read_draft_vocab(model_dir: str | Path) -> list[int] | None:
+    path = Path(model_dir) / DRAFT_VOCAB_FILE
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    ids = data.get("token_ids") if isinstance(data, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise ValueError(f"{path}: expected {{'token_ids': [int, ...]}}")
+    return ids
+
+
+def build_head(model: Any, token_ids: list[int]) -> DraftHead:
+    """Slice `model`'s output embedding to `token_ids`, after checking that its logits are
+    lm_head(hidden) (so the reduced head gives exactly the full logits on the subset)."""
+    head = model.get_output_embeddings()
+    vocab = int(head.weight.shape[0])
+    ids = sorted(set(token_ids))
+    if not ids or ids[0] < 0 or ids[-1] >= vocab:
+        raise ValueError(f"draft vocabulary must be non-empty ids in [0, {vocab})")
+    device = head.weight.device
+    idx = torch.tensor(ids, dtype=torch.long, device=device)
+    bias = getattr(head, "bias", None)
+    out = DraftHead(
+        token_ids=idx,
+        weight=head.weight.detach()[idx].contiguous(),
+        bias=None if bias is None else bias.detach()[idx].contiguous(),
+    )
+    probe = torch.arange(min(4, vocab), device=device)[None]  # (1, 4)
+    with torch.inference_mode():
+        full = model(input_ids=probe, use_cache=False).logits[0].float()  # (4, V)
+        h = model.base_model(input_ids=probe, use_cache=False).last_hidden_state[0]  # (4, H)
+        part = F.linear(h, out.weight, out.bias).float()  # (4, N)
+    if not torch.allclose(full[:, idx], part, rtol=1e-3, atol=1e-3 * float(full.abs().max())):
+        raise ValueError(
+            f"{type(model).__name__}: its logits are not lm_head(last hidden state) "
+            "(soft-capping or scaling?), so it cannot draft with a reduced vocabulary"
+        )
+    return out
+
+
+def head_logits(
+    model: Any,
+    head: DraftHead,
+    kwarg: str,
+    ids: list[int],
+    cache: Any,
+    device: torch.device,
+    vocab: int,
+) -> torch.Tensor:
+    """One KV-cached forward of `ids`: the last position's logits over the full vocabulary,
+    -inf outside the head's subset. Returns (1, V)."""
+    h = forward_hidden(model, kwarg, ids, cache, device)  # (H,)
+    row = torch.full((1, vocab), float("-inf"), dtype=h.dtype, device=device)
+    row[0, head.token_ids] = F.linear(h, head.weight, head.bias)
+    return row
+
+
+def forward_hidden(
+    model: Any, kwarg: str, ids: list[int], cache: Any, device: torch.device
+) -> torch.Tensor:
+    """One KV-cached forward of `ids` through the backbone only: the last position's
+    hidden state (H,)."""
+    x = torch.tensor([ids], dtype=torch.long, device=device)  # (1, t)
+    out = model.base_model(input_ids=x, use_cache=True, **{kwarg: cache})
+    return out.last_hidden_state[0, -1]  # (H,)
