@@ -80,16 +80,16 @@ def load_pair() -> Pair:
 
         entries = yaml.safe_load(MANIFEST.read_text())["models"]
 
-        def find(name: str, version: str, draft_vocab: bool = True) -> LoadedModel:
+        def find(name: str, version: str, draft_vocab: bool = False) -> LoadedModel:
             for e in entries:
                 if e["name"] == name and str(e["version"]) == version:
                     return load_model(MANIFEST.parent / e["path"], draft_vocab=draft_vocab)
             raise KeyError(f"{name} v{version} is not in {MANIFEST}")
 
         drafts = {
-            "v1": find("demo-code-draft", "1"),
-            "v2": find("demo-code-draft", "2"),
-            "v2_full_head": find("demo-code-draft", "2", draft_vocab=False),
+            "v1": find("demo-code-draft", "1", draft_vocab=True),
+            "v2": find("demo-code-draft", "2", draft_vocab=True),
+            "v2_full_head": find("demo-code-draft", "2"),
         }
         return Pair(find("demo-code-target", "1"), drafts, str(MANIFEST.relative_to(ROOT)))
     print(
@@ -299,7 +299,8 @@ def run(out_dir: Path, quick: bool = False, prompts_path: Path = PROMPTS) -> dic
     )
     fixed_k = best_k(min(max(a, 0.01), 0.99), c, 1, 16)
     hf_ks = sorted({2, 4, 6, fixed_k})
-    time_hf(target, v2, prompts[:1], fixed_k)
+    for k in hf_ks:
+        time_hf(target, v2, prompts[:1], k)
 
     # 2. Timed runs. Configs are interleaved per prompt, so load changes on a shared machine
     #    hit every config alike; speedups are medians of per-run paired ratios.

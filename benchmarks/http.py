@@ -37,7 +37,7 @@ def _prompts(quick: bool) -> list[str]:
 
 def _in_process(prompts: list[str], runs: int) -> dict[str, float]:
     entries = {(e["name"], e["version"]): e for e in yaml.safe_load(MANIFEST.read_text())["models"]}
-    target = load_model(str(MANIFEST.parent / entries[(MODEL, "1")]["path"]))
+    target = load_model(str(MANIFEST.parent / entries[(MODEL, "1")]["path"]), draft_vocab=False)
     draft = load_model(str(MANIFEST.parent / entries[("demo-code-draft", "2")]["path"]))
     engine = Engine(target)
     ids = [tuple(target.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]

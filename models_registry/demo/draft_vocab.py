@@ -46,11 +46,11 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path("models_registry/demo"))
     args = ap.parse_args()
     drafts = sorted(p for p in args.dir.glob("demo-code-draft-v*") if p.is_dir())
+    from models_registry.demo.train import encode  # the recipe's encoding: EOS after each file
+
     tok = PreTrainedTokenizerFast.from_pretrained(drafts[0], local_files_only=True)
     train, _ = load_corpus()
-    data = np.concatenate(
-        [np.asarray(tok(f.text, add_special_tokens=False)["input_ids"]) for f in train]
-    )
+    data = encode(tok, [f.text for f in train])
     vocab = rank(data, len(tok), args.size, [int(tok.eos_token_id)])
     for d in drafts:
         write(d, vocab)

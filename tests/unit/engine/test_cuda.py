@@ -36,3 +36,33 @@ def test_greedy_spec_equals_standard_on_cuda(model_dirs, dtype, proposer) -> Non
 
 def test_default_dtype_on_cuda_is_bf16(model_dirs) -> None:
     assert load_model(model_dirs["llama"]).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reduced_draft_head_loads_and_drafts_on_cuda(model_dirs, dtype, tmp_path) -> None:
+    """The load-time check of a reduced head passes in half precision, and greedy output is
+    still the standard one (up to near ties, as above)."""
+    import json
+    import shutil
+
+    from gateway.engine.draft_head import DRAFT_VOCAB_FILE
+
+    draft_dir = tmp_path / "draft"
+    shutil.copytree(model_dirs["draft"], draft_dir)
+    (draft_dir / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": list(range(0, 300, 2))}))
+    target = load_model(model_dirs["llama"], device="cuda", dtype=dtype)
+    draft = load_model(draft_dir, device="cuda", dtype=dtype)
+    assert draft.draft_head is not None and draft.draft_head.token_ids.device.type == "cuda"
+    eng = Engine(target)
+    sp = SamplingParams(temperature=0.0, max_tokens=30)
+    prompt = (10, 20, 30, 40, 50)
+    std = eng.run(DecodeRequest(prompt, sp)).token_ids
+    req = DecodeRequest(prompt, sp, mode="speculative", proposer="draft", k_min=2, k_max=6)
+    res = eng.run(req, draft=draft)
+    assert res.stats.drafted > 0
+    if res.token_ids != std:
+        j = next(i for i, (a, b) in enumerate(zip(res.token_ids, std, strict=False)) if a != b)
+        ids = torch.tensor([prompt + std[:j]], device="cuda")
+        with torch.no_grad():
+            top2 = target.model(input_ids=ids).logits[0, -1].float().topk(2).values
+        assert float(top2[0] - top2[1]) < 0.05, f"outputs part at {j} without a near tie"

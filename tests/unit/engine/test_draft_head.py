@@ -17,6 +17,7 @@ from gateway.engine import DecodeRequest, Engine, SamplingParams, load_model, wr
 from gateway.engine import loop as loop_module
 from gateway.engine.draft_head import DRAFT_VOCAB_FILE, build_head, head_logits
 from gateway.engine.models import cache_kwarg, forward_logits
+from gateway.engine.proposers.draft_model import DraftModelProposer
 from gateway.engine.verifier import Verdict, verify_sampled
 
 from .conftest import build_tokenizer, llama, save
@@ -41,19 +42,24 @@ def test_draft_vocab_file_is_read_and_can_be_ignored(tmp_path) -> None:
         load_model(path, device="cpu")
 
 
-def test_head_logits_are_the_full_logits_on_the_subset() -> None:
+def test_head_logits_are_the_full_logits_on_the_subset_step_by_step() -> None:
+    """A prefill, then one-token KV-cached steps: each step's reduced logits equal the full
+    model's on the subset (so the cache is fed and grown exactly like forward_logits')."""
     model = llama(VOCAB, EOS, seed=4, layers=2).eval()
     subset = list(range(0, VOCAB, 3))
     head = build_head(model, subset)
-    kw = cache_kwarg(model)
-    with torch.inference_mode():
-        full = forward_logits(model, kw, [7, 8, 9, 10], DynamicCache(), torch.device("cpu"), 1)
-        part = head_logits(model, head, kw, [7, 8, 9, 10], DynamicCache(), full.device, VOCAB)
-    assert part.shape == (1, VOCAB)
-    torch.testing.assert_close(part[0, subset], full[0, subset], atol=1e-5, rtol=1e-5)
+    kw, cpu = cache_kwarg(model), torch.device("cpu")
+    full_cache, part_cache = DynamicCache(), DynamicCache()
     outside = torch.ones(VOCAB, dtype=torch.bool)
     outside[subset] = False
-    assert torch.isneginf(part[0, outside]).all()
+    with torch.inference_mode():
+        for ids in ([7, 8, 9, 10], [11], [12], [3, 4]):
+            full = forward_logits(model, kw, ids, full_cache, cpu, 1)
+            part = head_logits(model, head, kw, ids, part_cache, cpu, VOCAB)
+            assert part.shape == (1, VOCAB)
+            torch.testing.assert_close(part[0, subset], full[0, subset], atol=1e-5, rtol=1e-5)
+            assert torch.isneginf(part[0, outside]).all()
+            assert part_cache.get_seq_length() == full_cache.get_seq_length()
 
 
 class ScaledLogits(torch.nn.Module):
@@ -92,7 +98,22 @@ def eng() -> Engine:
     return Engine(wrap_model(llama(VOCAB, EOS, seed=6, init=0.3), TOKENIZER))
 
 
-def test_greedy_output_is_unchanged_and_only_subset_tokens_are_drafted(eng) -> None:
+def spy_on_drafts(monkeypatch) -> list[int]:
+    """Every token the draft-model proposer proposes, in order."""
+    drafted: list[int] = []
+    original = DraftModelProposer.propose
+
+    def propose(self, context_ids, k):
+        proposal = original(self, context_ids, k)
+        drafted.extend(proposal.tokens)
+        return proposal
+
+    monkeypatch.setattr(DraftModelProposer, "propose", propose)
+    return drafted
+
+
+def test_greedy_output_is_unchanged_and_only_subset_tokens_are_drafted(eng, monkeypatch) -> None:
+    drafted = spy_on_drafts(monkeypatch)
     sp = SamplingParams(temperature=0.0, max_tokens=30)
     standard = eng.run(DecodeRequest(PROMPT, sp))
     outputs = set(standard.token_ids)
@@ -101,6 +122,7 @@ def test_greedy_output_is_unchanged_and_only_subset_tokens_are_drafted(eng) -> N
     req = DecodeRequest(PROMPT, sp, mode="speculative", proposer="draft", k_min=4, k_max=4)
     spec = eng.run(req, draft=draft)
     assert spec.token_ids == standard.token_ids
+    assert drafted and set(drafted) <= set(inside)
     # The target drafting for itself is right wherever its token is in the subset; every
     # output token outside the subset costs a rejection or ends a draft.
     assert 0 < spec.stats.accepted < len(standard.token_ids)
@@ -109,14 +131,16 @@ def test_greedy_output_is_unchanged_and_only_subset_tokens_are_drafted(eng) -> N
     assert full.stats.accepted == full.stats.drafted
 
 
-def test_drafting_stops_when_nothing_in_the_subset_is_allowed(eng) -> None:
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafting_stops_when_nothing_in_the_subset_is_allowed(eng, temperature) -> None:
     allowed = tuple(range(60, 80))
     draft = perfect_draft_with_head(eng, list(range(0, 60)))
-    sp = SamplingParams(temperature=0.0, max_tokens=12, allowed_token_ids=allowed)
+    sp = SamplingParams(temperature=temperature, max_tokens=12, allowed_token_ids=allowed, seed=3)
     req = DecodeRequest(PROMPT, sp, mode="speculative", proposer="draft", k_min=3, k_max=3)
     spec = eng.run(req, draft=draft)
     assert spec.token_ids == eng.run(DecodeRequest(PROMPT, sp)).token_ids
     assert set(spec.token_ids) <= set(allowed)
+    assert len(spec.token_ids) == 12
     assert spec.stats.drafted == 0
 
 
