@@ -423,7 +423,8 @@ def main() -> None:
     t_lr = 1e-3 if again else 2e-3
     t_spec = TrainSpec("target", args.target_steps, args.batch, args.seq, t_lr, args.seed + again)
     t_rec = train(target, data, t_spec, args.work / "target.pt", args.ckpt_every)
-    report["target"] = phase(previous, "target", t_rec)
+    keep_target = init is not None and t_spec.steps == 0
+    report["target"] = previous["target"] if keep_target else phase(previous, "target", t_rec)
     target.eval().requires_grad_(False)
 
     draft_v1 = build_model(DRAFT, vocab, args.seed + 1)
