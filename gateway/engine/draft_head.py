@@ -31,10 +31,6 @@ class DraftHead:
     weight: torch.Tensor  # (N, H) rows of the output embedding
     bias: torch.Tensor | None  # (N,)
 
-    @property
-    def size(self) -> int:
-        return int(self.token_ids.numel())
-
 
 def read_draft_vocab(model_dir: str | Path) -> list[int] | None:
     path = Path(model_dir) / DRAFT_VOCAB_FILE

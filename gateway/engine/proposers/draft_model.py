@@ -95,11 +95,10 @@ class DraftModelProposer:
             mask = None
             if self._grammar is not None:
                 mask = next_token_mask(self._grammar, self._vocab, self._eos_ids, self._device)
-                if not bool(mask.any()):
-                    break
             z = self._shaper.shape(logits, None if mask is None else mask[None])  # (1, V)
-            if self._head is not None and not bool(torch.isfinite(z).any()):
-                break  # nothing in the draft's subset is allowed here
+            constrained = mask is not None or self._shaper.allowed is not None
+            if constrained and not bool(torch.isfinite(z).any()):
+                break  # nothing the draft can propose is allowed here (grammar, lists, subset)
             if self._shaper.greedy:
                 tok = int(torch.argmax(z, dim=-1))
                 conf = float(torch.softmax(z[0], dim=-1)[tok]) if self._min_conf > 0 else 1.0
