@@ -62,6 +62,40 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)  # type: ignore[no-any-return]
 
 
+class PayloadText(TypeDecorator[str]):
+    """Any Python str, on every dialect. PostgreSQL text cannot hold NUL, yet a model may
+    emit it (byte-level tokenizers have a token for byte 0), and an unwritable completion
+    would refuse the request (fail closed). So on PostgreSQL NUL is stored as "\u2400 0"
+    (SYMBOL FOR NULL, then "0") and a literal U+2400 as two of them; reads undo both, so the
+    text (and its SHA-256 in the chain) round-trips exactly. Text without either is stored
+    unchanged."""
+
+    impl = Text
+    cache_ok = True
+    _ESC = "\u2400"
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        if value is None or dialect.name != "postgresql":
+            return value
+        if "\x00" not in value and self._ESC not in value:
+            return value
+        return value.replace(self._ESC, self._ESC * 2).replace("\x00", self._ESC + "0")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        if value is None or dialect.name != "postgresql" or self._ESC not in value:
+            return value  # type: ignore[no-any-return]
+        out, i = [], 0
+        while i < len(value):
+            ch = value[i]
+            if ch == self._ESC and i + 1 < len(value):
+                out.append("\x00" if value[i + 1] == "0" else self._ESC)
+                i += 2
+            else:
+                out.append(ch)
+                i += 1
+        return "".join(out)
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
@@ -166,9 +200,9 @@ class AuditPayloadRow(Base):
         BigId, ForeignKey("audit_records.id"), primary_key=True, autoincrement=False
     )
     """The audit record this text belongs to."""
-    prompt: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str] = mapped_column(PayloadText)
     """Prompt text (sha256 equals the record's prompt_sha256)."""
-    completion: Mapped[str] = mapped_column(Text)
+    completion: Mapped[str] = mapped_column(PayloadText)
     """Completion text (sha256 equals the record's completion_sha256)."""
     retention_days: Mapped[int] = mapped_column(Integer)
     """Retention asked by tenant policy."""

@@ -64,6 +64,19 @@ async def test_payload_digests_are_filled_and_must_match(
         await store.append([(make_record(prompt_sha256="0" * 64), Payload("a", "b", 1))])
 
 
+async def test_payload_text_with_nul_round_trips(
+    store: AuditStore, make_record: MakeRecord
+) -> None:
+    """A model can emit byte 0; PostgreSQL text cannot hold it. The payload must still be
+    written and read back exactly, with its digest valid."""
+    prompt, completion = "a\x00b \u2400 c\u24000", "\x00\u2400\x00\u2400\u2400"
+    (rid,) = await store.append([(make_record(), Payload(prompt, completion, 7))])
+    got = await store.record(rid)
+    assert got is not None
+    assert got["payload"]["prompt"] == prompt and got["payload"]["completion"] == completion
+    assert (await store.verify())["ok"]
+
+
 async def test_tampered_field_names_first_broken_record(
     store: AuditStore, make_record: MakeRecord
 ) -> None:
