@@ -74,7 +74,8 @@ class Pair:
     source: str
 
 
-def load_pair() -> Pair:
+def load_pair(dtype: torch.dtype | None = None) -> Pair:
+    """The demo pair in `dtype` (the engine's default when None)."""
     if MANIFEST.exists():
         import yaml
 
@@ -83,7 +84,8 @@ def load_pair() -> Pair:
         def find(name: str, version: str, draft_vocab: bool = False) -> LoadedModel:
             for e in entries:
                 if e["name"] == name and str(e["version"]) == version:
-                    return load_model(MANIFEST.parent / e["path"], draft_vocab=draft_vocab)
+                    path = MANIFEST.parent / e["path"]
+                    return load_model(path, dtype=dtype, draft_vocab=draft_vocab)
             raise KeyError(f"{name} v{version} is not in {MANIFEST}")
 
         drafts = {
@@ -98,10 +100,10 @@ def load_pair() -> Pair:
         "numbers are meaningless",
         file=sys.stderr,
     )
-    return random_pair()
+    return random_pair(dtype)
 
 
-def random_pair() -> Pair:
+def random_pair(dtype: torch.dtype | None = None) -> Pair:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -132,7 +134,8 @@ def random_pair() -> Pair:
             bos_token_id=0,
             pad_token_id=0,
         )
-        return wrap_model(LlamaForCausalLM(cfg), fast)
+        model = LlamaForCausalLM(cfg)
+        return wrap_model(model if dtype is None else model.to(dtype), fast)
 
     v2 = build(1, 192, 3, 3)
     return Pair(build(12, 256, 4, 1), {"v1": build(1, 192, 3, 2), "v2": v2, "v2_full_head": v2},

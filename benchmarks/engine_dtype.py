@@ -1,0 +1,163 @@
+"""What a verify forward costs, by dtype, and what that does to speculative decoding.
+
+    python -m benchmarks [--quick] engine_dtype
+
+The cost model's ideal speedup E / (k c + 1) assumes that one target forward over k + 1
+tokens (a verify step) costs the same as a forward over one token (a standard step). This
+benchmark measures that assumption on the demo target, in fp32 and in bf16, on the device
+the engine picks (CPU here):
+
+1. Forward profile: one prefilled context (the first held-out prompt), then target forwards
+   over n = 1 .. K_MAX + 1 new tokens, cropped back after each; configurations interleaved
+   in random order, median over repetitions. `cost_by_tokens[n]` = t(n) / t(1).
+2. Decoding: the held-out prompts, greedy, 128 new tokens, standard and spec_v2 (draft v2
+   with its reduced head, adaptive k) in each dtype, interleaved per prompt; speedups are
+   paired medians over runs. Each dtype's speculative row is compared with the standard row
+   of the SAME dtype (speedup, same_output_as_standard, measured/ideal).
+   `outputs_equal_to_fp32` counts the prompts whose bf16 standard output is fp32's.
+
+Greedy speculative output equals standard output exactly in exact arithmetic. In floating
+point a forward over k + 1 tokens rounds differently from k + 1 forwards over one token each
+(other kernel blocking, other summation order), so when the target's two best logits are
+closer than that rounding, greedy can pick the other one. In fp32 the rounding is ~1e-7
+relative; in bf16 ~4e-3, and `first_divergence` shows where it happens on real prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from benchmarks import engine as eb
+from benchmarks.engine_heldout import PROMPTS
+from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams
+from gateway.engine.models import cache_kwarg, crop_cache, forward_logits
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def forward_profile(target: LoadedModel, context: list[int], reps: int) -> list[float]:
+    """Median seconds of one cached target forward over n = 1 .. K_MAX + 1 tokens."""
+    model, kwarg = target.model, cache_kwarg(target.model)
+    cache = DynamicCache()
+    with torch.inference_mode():
+        forward_logits(model, kwarg, context, cache, target.device, 1)
+    length = cache.get_seq_length()
+    sizes = list(range(1, eb.K_MAX + 2))
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    rng = random.Random(0)
+    with torch.inference_mode():
+        for _ in range(reps):
+            rng.shuffle(sizes)
+            for n in sizes:
+                t0 = time.perf_counter()
+                forward_logits(model, kwarg, context[:n], cache, target.device, 0)
+                times[n].append(time.perf_counter() - t0)
+                crop_cache(cache, length)
+    return [statistics.median(times[n]) for n in sorted(times)]
+
+
+def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    """Index of the first token where two outputs differ (None when equal)."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))  # fmt: skip
+
+
+def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
+    torch.manual_seed(0)
+    pairs = {name: eb.load_pair(dtype) for name, dtype in DTYPES.items()}
+    tok = pairs["fp32"].target.tokenizer
+    lines = [json.loads(x) for x in PROMPTS.read_text().splitlines() if x.strip()]
+    prompts = [tuple(tok(x["prompt"], add_special_tokens=False)["input_ids"]) for x in lines]
+    runs, reps = (1, 8) if quick else (3, 25)
+    sp = SamplingParams(temperature=0.0, max_tokens=eb.NEW_TOKENS)
+
+    def spec(p: tuple[int, ...]) -> DecodeRequest:
+        return DecodeRequest(p, sp, mode="speculative", proposer="draft", k_min=eb.K_MIN,
+                             k_max=eb.K_MAX)  # fmt: skip
+
+    # 1. Forward profile (after one warm-up decode per dtype).
+    engines = {name: Engine(pair.target) for name, pair in pairs.items()}
+    for name, pair in pairs.items():
+        engines[name].run(DecodeRequest(prompts[0], sp))
+        engines[name].run(spec(prompts[0]), draft=pair.drafts["v2"])
+    profile = {name: forward_profile(pair.target, list(prompts[0]), reps)
+               for name, pair in pairs.items()}  # fmt: skip
+
+    # 2. Decoding, interleaved per prompt.
+    names = [f"{kind}_{d}" for d in DTYPES for kind in ("standard", "spec_v2")]
+    configs = {n: eb.ConfigRun() for n in names}
+    for _ in range(runs):
+        secs = dict.fromkeys(names, 0.0)
+        results: dict[str, list[Any]] = {n: [] for n in names}
+        for p in prompts:
+            for d, pair in pairs.items():
+                for kind, req, draft in (("standard", DecodeRequest(p, sp), None),
+                                         ("spec_v2", spec(p), pair.drafts["v2"])):  # fmt: skip
+                    dt, res = eb.time_engine(engines[d], req, draft)
+                    secs[f"{kind}_{d}"] += dt
+                    results[f"{kind}_{d}"].append(res)
+        for n in names:
+            configs[n].seconds.append(secs[n])
+            configs[n].results = results[n]
+            configs[n].outputs = [r.token_ids for r in results[n]]
+
+    table: dict[str, Any] = {}
+    for d in DTYPES:
+        base = configs[f"standard_{d}"]
+        t_step = statistics.median(
+            r.stats.verify_s / (r.stats.target_forwards - 1) for r in base.results
+        )
+        steps = profile[d]
+        table[d] = {
+            "standard_step_ms": round(t_step * 1000, 3),
+            "forward_ms_by_tokens": [round(t * 1000, 3) for t in steps],
+            "cost_by_tokens": [round(t / steps[0], 3) for t in steps],
+            "standard": eb.summarise("standard", base, base, t_step),
+            "spec_v2": eb.summarise("spec_v2", configs[f"spec_v2_{d}"], base, t_step),
+            "first_divergence": [
+                first_divergence(a, b)
+                for a, b in zip(base.outputs, configs[f"spec_v2_{d}"].outputs, strict=True)
+            ],
+        }
+    fp32_std, bf16_std = configs["standard_fp32"].outputs, configs["standard_bf16"].outputs
+    same_as_fp32 = sum(a == b for a, b in zip(fp32_std, bf16_std, strict=True))
+    return {
+        "models": pairs["fp32"].source,
+        "device": str(pairs["fp32"].target.device),
+        "torch_threads": torch.get_num_threads(),
+        "prompt_set": str(PROMPTS.relative_to(PROMPTS.parents[2])),
+        "prompts": len(prompts),
+        "new_tokens": eb.NEW_TOKENS,
+        "runs": runs,
+        "forward_reps": reps,
+        "dtypes": table,
+        "bf16_standard_outputs_equal_to_fp32": same_as_fp32,
+        "notes": "cost_by_tokens[n-1] = one target forward over n new tokens / over 1 token; "
+        "each dtype's spec_v2 row is relative to the standard row of the same dtype",
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"device: {result['device']}  prompts: {result['prompts']}  runs: {result['runs']}"]
+    for d, row in result["dtypes"].items():
+        spec = row["spec_v2"]
+        same = sum(x is None for x in row["first_divergence"])
+        lines.append(
+            f"{d}: step {row['standard_step_ms']} ms  cost by tokens {row['cost_by_tokens']}\n"
+            f"      spec_v2 {spec['speedup']}x  verify_cost {spec.get('verify_cost')}  "
+            f"meas/ideal {spec.get('measured_over_ideal')}  same output {same}/{result['prompts']}"
+            f"  first divergence {row['first_divergence']}"
+        )
+    lines.append(f"bf16 standard == fp32 standard: {result['bf16_standard_outputs_equal_to_fp32']}"
+                 f"/{result['prompts']}")  # fmt: skip
+    return "\n".join(lines)
