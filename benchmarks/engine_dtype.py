@@ -21,6 +21,9 @@ point a forward over k + 1 tokens rounds differently from k + 1 forwards over on
 (other kernel blocking, other summation order), so when the target's two best logits are
 closer than that rounding, greedy can pick the other one. In fp32 the rounding is ~1e-7
 relative; in bf16 ~4e-3, and `first_divergence` shows where it happens on real prompts.
+`tie_gaps` gives, at each such point, logprob(standard's token) - logprob(speculative's
+token) in the standard run's own distribution (a re-run with top-5 logprobs; None when the
+speculative token is not among the top 5): a gap of a few ulps or less is a rounding tie.
 """
 
 from __future__ import annotations
@@ -72,6 +75,15 @@ def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
                 min(len(a), len(b)))  # fmt: skip
 
 
+def tie_gap(eng: Engine, prompt: tuple[int, ...], spec: tuple[int, ...], j: int) -> float | None:
+    """In the standard run's distribution at token j: logprob(its token) - logprob(spec's)."""
+    sp = SamplingParams(temperature=0.0, max_tokens=eb.NEW_TOKENS, logprobs=True, top_logprobs=5)
+    std = eng.run(DecodeRequest(prompt, sp))
+    top = {tid: lp for tid, _, lp in std.logprobs[j].top}
+    a, b = std.token_ids[j], spec[j]
+    return round(top[a] - top[b], 5) if a in top and b in top else None
+
+
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     torch.manual_seed(0)
     pairs = {name: eb.load_pair(dtype) for name, dtype in DTYPES.items()}
@@ -118,15 +130,18 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             r.stats.verify_s / (r.stats.target_forwards - 1) for r in base.results
         )
         steps = profile[d]
+        spec_outs = configs[f"spec_v2_{d}"].outputs
+        parts = [first_divergence(a, b) for a, b in zip(base.outputs, spec_outs, strict=True)]
         table[d] = {
             "standard_step_ms": round(t_step * 1000, 3),
             "forward_ms_by_tokens": [round(t * 1000, 3) for t in steps],
             "cost_by_tokens": [round(t / steps[0], 3) for t in steps],
             "standard": eb.summarise("standard", base, base, t_step),
             "spec_v2": eb.summarise("spec_v2", configs[f"spec_v2_{d}"], base, t_step),
-            "first_divergence": [
-                first_divergence(a, b)
-                for a, b in zip(base.outputs, configs[f"spec_v2_{d}"].outputs, strict=True)
+            "first_divergence": parts,
+            "tie_gaps": [
+                None if j is None else tie_gap(engines[d], p, out, j)
+                for p, out, j in zip(prompts, spec_outs, parts, strict=True)
             ],
         }
     fp32_std, bf16_std = configs["standard_fp32"].outputs, configs["standard_bf16"].outputs
@@ -156,7 +171,7 @@ def table(result: dict[str, Any]) -> str:
             f"{d}: step {row['standard_step_ms']} ms  cost by tokens {row['cost_by_tokens']}\n"
             f"      spec_v2 {spec['speedup']}x  verify_cost {spec.get('verify_cost')}  "
             f"meas/ideal {spec.get('measured_over_ideal')}  same output {same}/{result['prompts']}"
-            f"  first divergence {row['first_divergence']}"
+            f"  first divergence {row['first_divergence']}  tie gaps {row['tie_gaps']}"
         )
     lines.append(f"bf16 standard == fp32 standard: {result['bf16_standard_outputs_equal_to_fp32']}"
                  f"/{result['prompts']}")  # fmt: skip
