@@ -74,8 +74,9 @@ class Pair:
     source: str
 
 
-def load_pair(dtype: torch.dtype | None = None) -> Pair:
-    """The demo pair in `dtype` (the engine's default when None)."""
+def load_pair(dtype: torch.dtype | None = None, cpu_linear: bool = True) -> Pair:
+    """The demo pair in `dtype` (the engine's default when None); cpu_linear=False keeps
+    torch's own nn.Linear forward (see gateway/engine/cpu_linear.py)."""
     if MANIFEST.exists():
         import yaml
 
@@ -85,7 +86,8 @@ def load_pair(dtype: torch.dtype | None = None) -> Pair:
             for e in entries:
                 if e["name"] == name and str(e["version"]) == version:
                     path = MANIFEST.parent / e["path"]
-                    return load_model(path, dtype=dtype, draft_vocab=draft_vocab)
+                    return load_model(path, dtype=dtype, draft_vocab=draft_vocab,
+                                      cpu_linear=cpu_linear)  # fmt: skip
             raise KeyError(f"{name} v{version} is not in {MANIFEST}")
 
         drafts = {
@@ -100,10 +102,10 @@ def load_pair(dtype: torch.dtype | None = None) -> Pair:
         "numbers are meaningless",
         file=sys.stderr,
     )
-    return random_pair(dtype)
+    return random_pair(dtype, cpu_linear)
 
 
-def random_pair(dtype: torch.dtype | None = None) -> Pair:
+def random_pair(dtype: torch.dtype | None = None, cpu_linear: bool = True) -> Pair:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -135,7 +137,7 @@ def random_pair(dtype: torch.dtype | None = None) -> Pair:
             pad_token_id=0,
         )
         model = LlamaForCausalLM(cfg)
-        return wrap_model(model if dtype is None else model.to(dtype), fast)
+        return wrap_model(model if dtype is None else model.to(dtype), fast, cpu_linear=cpu_linear)
 
     v2 = build(1, 192, 3, 3)
     return Pair(build(12, 256, 4, 1), {"v1": build(1, 192, 3, 2), "v2": v2, "v2_full_head": v2},

@@ -1,20 +1,23 @@
-"""What a verify forward costs, by dtype, and what that does to speculative decoding.
+"""What a verify forward costs, by dtype and linear kernel, and what that does to speculation.
 
     python -m benchmarks [--quick] engine_dtype
 
 The cost model's ideal speedup E / (k c + 1) assumes that one target forward over k + 1
 tokens (a verify step) costs the same as a forward over one token (a standard step). This
-benchmark measures that assumption on the demo target, in fp32 and in bf16, on the device
-the engine picks (CPU here):
+benchmark measures that assumption on the demo pair, on the device the engine picks (CPU
+here), in three variants: fp32 as served (nn.Linear with the weight-major forward of
+gateway/engine/cpu_linear.py), fp32_torch_linear (torch's own nn.Linear forward) and bf16.
 
 1. Forward profile: one prefilled context (the first held-out prompt), then target forwards
    over n = 1 .. K_MAX + 1 new tokens, cropped back after each; configurations interleaved
-   in random order, median over repetitions. `cost_by_tokens[n]` = t(n) / t(1).
+   in random order, median over repetitions. `cost_by_tokens[n - 1]` = t(n) / t(1).
 2. Decoding: the held-out prompts, greedy, 128 new tokens, standard and spec_v2 (draft v2
-   with its reduced head, adaptive k) in each dtype, interleaved per prompt; speedups are
-   paired medians over runs. Each dtype's speculative row is compared with the standard row
-   of the SAME dtype (speedup, same_output_as_standard, measured/ideal).
-   `outputs_equal_to_fp32` counts the prompts whose bf16 standard output is fp32's.
+   with its reduced head, adaptive k) in each variant, interleaved per prompt; speedups are
+   paired medians over runs. Each variant's speculative row is compared with the standard
+   row of the SAME variant (speedup, same_output_as_standard, measured/ideal).
+   `weight_major_linear` compares fp32 with fp32_torch_linear (time ratios, paired medians;
+   equal outputs), `bf16_standard_outputs_equal_to_fp32` counts the prompts whose bf16
+   standard output is fp32's.
 
 Greedy speculative output equals standard output exactly in exact arithmetic. In floating
 point a forward over k + 1 tokens rounds differently from k + 1 forwards over one token each
@@ -43,7 +46,13 @@ from benchmarks.engine_heldout import PROMPTS
 from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams
 from gateway.engine.models import cache_kwarg, crop_cache, forward_logits
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# variant -> (dtype, cpu_linear): fp32 as served, fp32 with torch's own nn.Linear forward
+# (what gateway/engine/cpu_linear.py replaces), bf16.
+DTYPES = {
+    "fp32": (torch.float32, True),
+    "fp32_torch_linear": (torch.float32, False),
+    "bf16": (torch.bfloat16, True),
+}
 
 
 def forward_profile(target: LoadedModel, context: list[int], reps: int) -> list[float]:
@@ -86,7 +95,7 @@ def tie_gap(eng: Engine, prompt: tuple[int, ...], spec: tuple[int, ...], j: int)
 
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     torch.manual_seed(0)
-    pairs = {name: eb.load_pair(dtype) for name, dtype in DTYPES.items()}
+    pairs = {name: eb.load_pair(dtype, lin) for name, (dtype, lin) in DTYPES.items()}
     tok = pairs["fp32"].target.tokenizer
     lines = [json.loads(x) for x in PROMPTS.read_text().splitlines() if x.strip()]
     prompts = [tuple(tok(x["prompt"], add_special_tokens=False)["input_ids"]) for x in lines]
@@ -146,6 +155,17 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         }
     fp32_std, bf16_std = configs["standard_fp32"].outputs, configs["standard_bf16"].outputs
     same_as_fp32 = sum(a == b for a, b in zip(fp32_std, bf16_std, strict=True))
+
+    def time_ratio(kind: str) -> float:  # weight-major / torch linear, paired over runs
+        new, old = configs[f"{kind}_fp32"].seconds, configs[f"{kind}_fp32_torch_linear"].seconds
+        return round(statistics.median(a / b for a, b in zip(new, old, strict=True)), 3)
+
+    torch_std = configs["standard_fp32_torch_linear"].outputs
+    weight_major = {
+        "standard_time_ratio": time_ratio("standard"),
+        "spec_v2_time_ratio": time_ratio("spec_v2"),
+        "standard_outputs_equal": sum(a == b for a, b in zip(fp32_std, torch_std, strict=True)),
+    }
     return {
         "models": pairs["fp32"].source,
         "device": str(pairs["fp32"].target.device),
@@ -156,9 +176,10 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         "runs": runs,
         "forward_reps": reps,
         "dtypes": table,
+        "weight_major_linear": weight_major,
         "bf16_standard_outputs_equal_to_fp32": same_as_fp32,
         "notes": "cost_by_tokens[n-1] = one target forward over n new tokens / over 1 token; "
-        "each dtype's spec_v2 row is relative to the standard row of the same dtype",
+        "each variant's spec_v2 row is relative to the standard row of the same variant",
     }
 
 
@@ -173,6 +194,7 @@ def table(result: dict[str, Any]) -> str:
             f"meas/ideal {spec.get('measured_over_ideal')}  same output {same}/{result['prompts']}"
             f"  first divergence {row['first_divergence']}  tie gaps {row['tie_gaps']}"
         )
+    lines.append(f"weight-major vs torch linear (fp32): {result['weight_major_linear']}")
     lines.append(f"bf16 standard == fp32 standard: {result['bf16_standard_outputs_equal_to_fp32']}"
                  f"/{result['prompts']}")  # fmt: skip
     return "\n".join(lines)

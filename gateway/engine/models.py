@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from gateway.engine.cpu_linear import use_weight_major_linear
 from gateway.engine.draft_head import DraftHead, build_head, read_draft_vocab
 from gateway.engine.errors import VocabularyMismatch
 
@@ -57,10 +58,14 @@ def wrap_model(
     path: str = "<memory>",
     device: torch.device | None = None,
     draft_vocab: list[int] | None = None,
+    cpu_linear: bool = True,
 ) -> LoadedModel:
     """Describe an already-built model (eval mode) as a LoadedModel; with `draft_vocab`, it
-    drafts among those token ids only (see draft_head.py)."""
+    drafts among those token ids only (see draft_head.py). With `cpu_linear`, its fp32 CPU
+    nn.Linear layers get the decode-friendly forward of cpu_linear.py (in place)."""
     model.eval()
+    if cpu_linear:
+        use_weight_major_linear(model)
     param = next(model.parameters())
     return LoadedModel(
         model=model,
@@ -80,12 +85,14 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     draft_vocab: bool = True,
+    cpu_linear: bool = True,
 ) -> LoadedModel:
     """AutoModelForCausalLM + AutoTokenizer from a local directory (never the hub).
 
     Device defaults to CUDA when available, else CPU; dtype to bf16 on CUDA, fp32 on CPU.
     A `draft_vocab.json` in the directory gives the model a reduced drafting head (used when
     it drafts, never when it is the target); draft_vocab=False ignores that file.
+    cpu_linear=False keeps torch's own nn.Linear forward (see cpu_linear.py).
     """
     dev = torch.device(device) if device is not None else default_device()
     if dtype is None:
@@ -95,7 +102,7 @@ def load_model(
     model.to(dev)
     model.requires_grad_(False)
     vocab = read_draft_vocab(path) if draft_vocab else None
-    return wrap_model(model, tokenizer, str(path), dev, vocab)
+    return wrap_model(model, tokenizer, str(path), dev, vocab, cpu_linear)
 
 
 def check_pair(target: LoadedModel, draft: LoadedModel) -> None:

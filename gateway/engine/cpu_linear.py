@@ -1,0 +1,50 @@
+"""fp32 linear layers for decode-sized inputs on CPU: y^T = W x^T instead of y = x W^T.
+
+A decode step feeds 1 token and a verify step k + 1, so every nn.Linear multiplies a few
+rows by a large weight. torch computes x @ W^T; on the CPUs we measured, MKL then packs the
+weight on every call, and that costs more than the multiply. Written as W @ x^T the weight
+is the streamed operand and only the few input rows are packed; a single row is doubled,
+because MKL's one-column kernel is slower than its two-column one. Same fp32 arithmetic,
+other summation blocking: results differ from x @ W^T by rounding (~1e-7 relative), in
+standard and speculative decoding alike. Inputs with more than ROWS_MAX rows (prefill) keep
+torch's own path. `benchmarks/engine_dtype.py` measures both.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROWS_MAX = 32
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1]
+    if rows > ROWS_MAX or torch.is_grad_enabled():
+        return F.linear(x, self.weight, self.bias)
+    x2 = x.reshape(rows, x.shape[-1])  # (rows, in)
+    cols = x2.repeat(2, 1) if rows == 1 else x2  # one row is doubled (see above)
+    y = (self.weight @ cols.T)[:, :rows]  # (out, rows)
+    if self.bias is not None:
+        y = y + self.bias[:, None]
+    return y.T.reshape(*x.shape[:-1], self.weight.shape[0])  # (..., out)
+
+
+def use_weight_major_linear(model: Any) -> int:
+    """Give every fp32 nn.Linear of a CPU model the W @ x^T forward; returns how many."""
+    count = 0
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if (
+            type(module) is nn.Linear
+            and w is not None
+            and w.device.type == "cpu"
+            and (w.dtype == torch.float32)
+        ):
+            module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
+            count += 1
+    return count
