@@ -214,6 +214,16 @@ def time_hf(
     return seconds, outs, calls
 
 
+def decode_forwards(stats: Any) -> int:
+    """Target forwards after the prefill (a one-token prompt has no prefill forward)."""
+    return int(stats.target_forwards) - (1 if stats.prefill_s > 0 else 0)
+
+
+def standard_step(results: list[DecodeResult]) -> float:
+    """Median seconds per decode step over standard-decoding results."""
+    return statistics.median(r.stats.verify_s / max(decode_forwards(r.stats), 1) for r in results)
+
+
 def summarise(name: str, run: ConfigRun, base: ConfigRun, t_step: float) -> dict[str, Any]:
     tokens = sum(len(o) for o in run.outputs)
     secs = statistics.median(run.seconds)
@@ -232,7 +242,7 @@ def summarise(name: str, run: ConfigRun, base: ConfigRun, t_step: float) -> dict
     st = [r.stats for r in run.results]
     drafted, accepted = sum(s.drafted for s in st), sum(s.accepted for s in st)
     num_drafts = sum(s.num_drafts for s in st)
-    forwards = sum(s.target_forwards - (1 if s.prefill_s > 0 else 0) for s in st)
+    forwards = sum(decode_forwards(s) for s in st)
     row.update(target_forwards_per_token=round(forwards / max(tokens, 1), 4))
     if not num_drafts:
         return row
@@ -294,7 +304,7 @@ def run(out_dir: Path, quick: bool = False, prompts_path: Path = PROMPTS) -> dic
     #    one the goal compares with.
     warm_std = [engine.run(DecodeRequest(p, sp)) for p in prompts]
     warm_spec = [engine.run(spec(p, "draft"), draft=v2) for p in prompts]
-    t_step = statistics.median(r.stats.verify_s / (r.stats.target_forwards - 1) for r in warm_std)
+    t_step = standard_step(warm_std)
     drafted = sum(r.stats.drafted for r in warm_spec)
     a = sum(r.stats.accepted for r in warm_spec) / max(drafted, 1)
     c = (
@@ -347,9 +357,7 @@ def run(out_dir: Path, quick: bool = False, prompts_path: Path = PROMPTS) -> dic
             cr.outputs = [r.token_ids for r in results[name]] if results[name] else hf_outs[name]
 
     base = configs["standard"]
-    t_step = statistics.median(  # the standard step of the timed runs
-        r.stats.verify_s / (r.stats.target_forwards - 1) for r in base.results
-    )
+    t_step = standard_step(base.results)  # the standard step of the timed runs
     table = {name: summarise(name, cr, base, t_step) for name, cr in configs.items()}
     for name in hf_names.values():
         calls, hf_tokens = hf_calls[name], table[name]["tokens"]

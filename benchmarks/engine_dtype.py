@@ -10,7 +10,9 @@ gateway/engine/cpu_linear.py), fp32_torch_linear (torch's own nn.Linear forward)
 
 1. Forward profile: one prefilled context (the first held-out prompt), then target forwards
    over n = 1 .. K_MAX + 1 new tokens, cropped back after each; configurations interleaved
-   in random order, median over repetitions. `cost_by_tokens[n - 1]` = t(n) / t(1).
+   in random order (variants and n alike), median over repetitions.
+   `cost_by_tokens[n - 1]` = t(n) / t(1). `verify_cost` (decoding) is relative to each
+   variant's own standard step.
 2. Decoding: the held-out prompts, greedy, 128 new tokens, standard and spec_v2 (draft v2
    with its reduced head, adaptive k) in each variant, interleaved per prompt; speedups are
    paired medians over runs. Each variant's speculative row is compared with the standard
@@ -55,25 +57,33 @@ DTYPES = {
 }
 
 
-def forward_profile(target: LoadedModel, context: list[int], reps: int) -> list[float]:
-    """Median seconds of one cached target forward over n = 1 .. K_MAX + 1 tokens."""
-    model, kwarg = target.model, cache_kwarg(target.model)
-    cache = DynamicCache()
+def forward_profile(
+    targets: dict[str, LoadedModel], context: list[int], reps: int
+) -> dict[str, list[float]]:
+    """Per target: median seconds of one cached forward over n = 1 .. K_MAX + 1 tokens.
+    Every (target, n) pair is timed once per repetition, in a fresh random order."""
+    caches: dict[str, tuple[DynamicCache, int]] = {}
     with torch.inference_mode():
-        forward_logits(model, kwarg, context, cache, target.device, 1)
-    length = cache.get_seq_length()
-    sizes = list(range(1, eb.K_MAX + 2))
-    times: dict[int, list[float]] = {n: [] for n in sizes}
+        for name, t in targets.items():
+            cache = DynamicCache()
+            forward_logits(t.model, cache_kwarg(t.model), context, cache, t.device, 1)
+            caches[name] = (cache, cache.get_seq_length())
+    jobs = [(name, n) for name in targets for n in range(1, eb.K_MAX + 2)]
+    times: dict[tuple[str, int], list[float]] = {job: [] for job in jobs}
     rng = random.Random(0)
     with torch.inference_mode():
         for _ in range(reps):
-            rng.shuffle(sizes)
-            for n in sizes:
+            rng.shuffle(jobs)
+            for name, n in jobs:
+                t, (cache, length) = targets[name], caches[name]
                 t0 = time.perf_counter()
-                forward_logits(model, kwarg, context[:n], cache, target.device, 0)
-                times[n].append(time.perf_counter() - t0)
+                forward_logits(t.model, cache_kwarg(t.model), context[:n], cache, t.device, 0)
+                times[(name, n)].append(time.perf_counter() - t0)
                 crop_cache(cache, length)
-    return [statistics.median(times[n]) for n in sorted(times)]
+    return {
+        name: [statistics.median(times[(name, n)]) for n in range(1, eb.K_MAX + 2)]
+        for name in targets
+    }
 
 
 def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
@@ -88,6 +98,8 @@ def tie_gap(eng: Engine, prompt: tuple[int, ...], spec: tuple[int, ...], j: int)
     """In the standard run's distribution at token j: logprob(its token) - logprob(spec's)."""
     sp = SamplingParams(temperature=0.0, max_tokens=eb.NEW_TOKENS, logprobs=True, top_logprobs=5)
     std = eng.run(DecodeRequest(prompt, sp))
+    if j >= min(len(std.token_ids), len(spec)):
+        return None
     top = {tid: lp for tid, _, lp in std.logprobs[j].top}
     a, b = std.token_ids[j], spec[j]
     return round(top[a] - top[b], 5) if a in top and b in top else None
@@ -111,8 +123,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     for name, pair in pairs.items():
         engines[name].run(DecodeRequest(prompts[0], sp))
         engines[name].run(spec(prompts[0]), draft=pair.drafts["v2"])
-    profile = {name: forward_profile(pair.target, list(prompts[0]), reps)
-               for name, pair in pairs.items()}  # fmt: skip
+    profile = forward_profile({n: p.target for n, p in pairs.items()}, list(prompts[0]), reps)
 
     # 2. Decoding, interleaved per prompt.
     names = [f"{kind}_{d}" for d in DTYPES for kind in ("standard", "spec_v2")]
@@ -135,9 +146,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for d in DTYPES:
         base = configs[f"standard_{d}"]
-        t_step = statistics.median(
-            r.stats.verify_s / (r.stats.target_forwards - 1) for r in base.results
-        )
+        t_step = eb.standard_step(base.results)
         steps = profile[d]
         spec_outs = configs[f"spec_v2_{d}"].outputs
         parts = [first_divergence(a, b) for a, b in zip(base.outputs, spec_outs, strict=True)]

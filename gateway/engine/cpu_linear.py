@@ -1,13 +1,16 @@
 """fp32 linear layers for decode-sized inputs on CPU: y^T = W x^T instead of y = x W^T.
 
 A decode step feeds 1 token and a verify step k + 1, so every nn.Linear multiplies a few
-rows by a large weight. torch computes x @ W^T; on the CPUs we measured, MKL then packs the
-weight on every call, and that costs more than the multiply. Written as W @ x^T the weight
-is the streamed operand and only the few input rows are packed; a single row is doubled,
-because MKL's one-column kernel is slower than its two-column one. Same fp32 arithmetic,
+rows by a large weight. torch computes x @ W^T; on the CPU we measured (MKL, AMD EPYC, 2
+cores) that call grows with the row count much faster than W @ x^T does (our reading: MKL
+packs the large operand on every call in the first form, the small one in the second). A
+single row is doubled, because MKL's one-column kernel is slower than its two-column one.
+Same fp32 arithmetic,
 other summation blocking: results differ from x @ W^T by rounding (~1e-7 relative), in
-standard and speculative decoding alike. Inputs with more than ROWS_MAX rows (prefill) keep
-torch's own path. `benchmarks/engine_dtype.py` measures both.
+standard and speculative decoding alike. Inputs with more than ROWS_MAX rows (long prefills),
+autograd, and weights no longer fp32 on CPU keep torch's own path. The output is laid out as
+F.linear's (contiguous), so downstream kernels (attention) are the ones torch would pick.
+`benchmarks/engine_dtype.py` measures both forwards side by side.
 """
 
 from __future__ import annotations
@@ -19,19 +22,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROWS_MAX = 32
+ROWS_MAX = 128  # above the largest verify (engine.MAX_K + 1 rows): every decode step and
+# every verify step take this path, so both modes round alike; longer prefills keep torch's
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
-    if rows > ROWS_MAX or torch.is_grad_enabled():
+    w = self.weight
+    if rows > ROWS_MAX or torch.is_grad_enabled() or w.dtype != torch.float32 or w.is_cuda:
         return F.linear(x, self.weight, self.bias)
     x2 = x.reshape(rows, x.shape[-1])  # (rows, in)
     cols = x2.repeat(2, 1) if rows == 1 else x2  # one row is doubled (see above)
-    y = (self.weight @ cols.T)[:, :rows]  # (out, rows)
+    y = (w @ cols.T)[:, :rows].T.contiguous()  # (rows, out), laid out as F.linear's
     if self.bias is not None:
-        y = y + self.bias[:, None]
-    return y.T.reshape(*x.shape[:-1], self.weight.shape[0])  # (..., out)
+        y += self.bias
+    return y.view(*x.shape[:-1], w.shape[0])  # (..., out)
 
 
 def use_weight_major_linear(model: Any) -> int:

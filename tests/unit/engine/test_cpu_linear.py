@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gateway.engine import load_model
+from gateway.engine import cpu_linear, load_model
 from gateway.engine.cpu_linear import ROWS_MAX, _forward, use_weight_major_linear
+from gateway.engine.engine import MAX_K
 
 
 def patched(layer: nn.Module) -> bool:
@@ -16,27 +17,59 @@ def patched(layer: nn.Module) -> bool:
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("shape", [(1, 1), (1, 2), (1, 7), (3, 5), (ROWS_MAX,), (1, ROWS_MAX + 1)])
-def test_matches_torch_linear_up_to_rounding(shape, bias) -> None:
+@pytest.mark.parametrize("shape", [(1, 1), (1, 2), (1, 7), (3, 5), (1, MAX_K + 1), (ROWS_MAX,)])
+def test_matches_torch_linear_up_to_rounding(shape, bias, monkeypatch) -> None:
     torch.manual_seed(0)
     layer = nn.Linear(48, 80, bias=bias)
     x = torch.randn(*shape, 48)
     expected = F.linear(x, layer.weight, layer.bias)
     assert use_weight_major_linear(layer) == 1 and patched(layer)
+    monkeypatch.setattr(cpu_linear.F, "linear", None)  # the weight-major path must not call it
     with torch.inference_mode():
         got = layer(x)
     assert got.shape == expected.shape == (*shape, 80)
+    assert got.is_contiguous()  # laid out as F.linear's: downstream kernels stay the same
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert not torch.equal(got, torch.zeros_like(got))
 
 
-def test_training_keeps_torch_path_and_gradients() -> None:
+def test_every_verify_step_fits_under_rows_max() -> None:
+    assert ROWS_MAX >= MAX_K + 1
+
+
+calls: list[int] = []
+
+
+def spy_linear(x, w, b=None):
+    calls.append(x.shape[0])
+    return torch.matmul(x, w.T) + (0 if b is None else b)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_long_inputs_and_training_keep_torch_path(grad, monkeypatch) -> None:
     layer = nn.Linear(16, 8)
     use_weight_major_linear(layer)
-    x = torch.randn(2, 16)
-    layer(x).sum().backward()
-    assert layer.weight.grad is not None
-    torch.testing.assert_close(layer.weight.grad, x.sum(0).expand(8, 16))
+    monkeypatch.setattr(cpu_linear.F, "linear", spy_linear)
+    calls.clear()
+    rows = 2 if grad else ROWS_MAX + 1
+    x = torch.randn(rows, 16)
+    with torch.set_grad_enabled(grad):
+        y = layer(x)
+    assert calls == [rows]
+    if grad:
+        y.sum().backward()
+        torch.testing.assert_close(layer.weight.grad, x.sum(0).expand(8, 16))
+
+
+def test_weights_moved_off_fp32_keep_torch_path(monkeypatch) -> None:
+    layer = nn.Linear(16, 8)
+    use_weight_major_linear(layer)
+    layer.to(torch.bfloat16)
+    monkeypatch.setattr(cpu_linear.F, "linear", spy_linear)
+    calls.clear()
+    with torch.inference_mode():
+        layer(torch.randn(3, 16, dtype=torch.bfloat16))
+    assert calls == [3]
 
 
 def test_only_fp32_cpu_linear_layers_are_patched() -> None:
