@@ -26,17 +26,21 @@ ROWS_MAX = 128  # above the largest verify (engine.MAX_K + 1 rows): every decode
 # every verify step take this path, so both modes round alike; longer prefills keep torch's
 
 
-def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, w, b), computed as W @ x^T when that is the faster form (see above)."""
     rows = x.numel() // x.shape[-1]
-    w = self.weight
     if rows > ROWS_MAX or torch.is_grad_enabled() or w.dtype != torch.float32 or w.is_cuda:
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, w, b)
     x2 = x.reshape(rows, x.shape[-1])  # (rows, in)
     cols = x2.repeat(2, 1) if rows == 1 else x2  # one row is doubled (see above)
     y = (w @ cols.T)[:, :rows].T.contiguous()  # (rows, out), laid out as F.linear's
-    if self.bias is not None:
-        y += self.bias
+    if b is not None:
+        y += b
     return y.view(*x.shape[:-1], w.shape[0])  # (..., out)
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return linear(x, self.weight, self.bias)
 
 
 def use_weight_major_linear(model: Any) -> int:

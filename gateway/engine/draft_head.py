@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gateway.engine.cpu_linear import linear
+
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 
@@ -30,6 +32,7 @@ class DraftHead:
     token_ids: torch.Tensor  # (N,) sorted, unique
     weight: torch.Tensor  # (N, H) rows of the output embedding
     bias: torch.Tensor | None  # (N,)
+    weight_major: bool = False  # compute it with cpu_linear.linear (as the model's nn.Linear)
 
 
 def read_draft_vocab(model_dir: str | Path) -> list[int] | None:
@@ -43,9 +46,10 @@ def read_draft_vocab(model_dir: str | Path) -> list[int] | None:
     return ids
 
 
-def build_head(model: Any, token_ids: list[int]) -> DraftHead:
+def build_head(model: Any, token_ids: list[int], weight_major: bool = False) -> DraftHead:
     """Slice `model`'s output embedding to `token_ids`, after checking that its logits are
-    lm_head(hidden) (so the reduced head gives the full logits on the subset)."""
+    lm_head(hidden) (so the reduced head gives the full logits on the subset); weight_major:
+    apply it with cpu_linear.linear, the same kernel choice as cpu_linear's nn.Linear."""
     head = model.get_output_embeddings()
     vocab = int(head.weight.shape[0])
     ids = sorted(set(token_ids))
@@ -58,6 +62,7 @@ def build_head(model: Any, token_ids: list[int]) -> DraftHead:
         token_ids=idx,
         weight=head.weight.detach()[idx].contiguous(),
         bias=None if bias is None else bias.detach()[idx].contiguous(),
+        weight_major=weight_major,
     )
     # The check applies the model's own head module to the backbone output (same kernel, so
     # no accumulation-order noise, even in bf16); slicing its rows is then exact.
@@ -88,7 +93,8 @@ def head_logits(
     -inf outside the head's subset. Returns (1, V)."""
     h = forward_hidden(model, kwarg, ids, cache, device)  # (H,)
     row = torch.full((1, vocab), float("-inf"), dtype=h.dtype, device=device)
-    row[0, head.token_ids] = F.linear(h, head.weight, head.bias)
+    apply = linear if head.weight_major else F.linear
+    row[0, head.token_ids] = apply(h, head.weight, head.bias)
     return row
 
 

@@ -62,7 +62,8 @@ def wrap_model(
 ) -> LoadedModel:
     """Describe an already-built model (eval mode) as a LoadedModel; with `draft_vocab`, it
     drafts among those token ids only (see draft_head.py). With `cpu_linear`, its fp32 CPU
-    nn.Linear layers get the decode-friendly forward of cpu_linear.py (in place)."""
+    nn.Linear layers (in place) and its reduced head get the decode-friendly forward of
+    cpu_linear.py."""
     model.eval()
     if cpu_linear:
         use_weight_major_linear(model)
@@ -76,7 +77,7 @@ def wrap_model(
         vocab_size=int(model.get_output_embeddings().weight.shape[0]),
         context_length=_context_length(model.config),
         eos_token_ids=_eos_ids(model, tokenizer),
-        draft_head=None if draft_vocab is None else build_head(model, draft_vocab),
+        draft_head=None if draft_vocab is None else build_head(model, draft_vocab, cpu_linear),
     )
 
 

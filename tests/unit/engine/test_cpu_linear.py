@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import DynamicCache
 
 from gateway.engine import cpu_linear, load_model
 from gateway.engine.cpu_linear import ROWS_MAX, _forward, use_weight_major_linear
+from gateway.engine.draft_head import DRAFT_VOCAB_FILE, head_logits
 from gateway.engine.engine import MAX_K
+from gateway.engine.models import cache_kwarg
+
+CPU = torch.device("cpu")
 
 
 def patched(layer: nn.Module) -> bool:
@@ -89,3 +97,24 @@ def test_load_model_patches_by_default_and_can_opt_out(model_dirs) -> None:
     with torch.inference_mode():
         a, b = on.model(input_ids=ids).logits, off.model(input_ids=ids).logits
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_reduced_draft_head_follows_cpu_linear(model_dirs, tmp_path, monkeypatch) -> None:
+    path = tmp_path / "draft"
+    shutil.copytree(model_dirs["draft"], path)
+    (path / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": [0, 3, 5, 9, 40, 41]}))
+    on, off = load_model(path, device="cpu"), load_model(path, device="cpu", cpu_linear=False)
+    vocab = on.vocab_size
+    assert on.draft_head is not None and on.draft_head.weight_major
+    assert off.draft_head is not None and not off.draft_head.weight_major
+    rows = []
+    for lm in (on, off):
+        monkeypatch.setattr(cpu_linear.F, "linear", spy_linear)
+        calls.clear()
+        head, kw = lm.draft_head, cache_kwarg(lm.model)
+        with torch.inference_mode():
+            rows.append(head_logits(lm.model, head, kw, [5, 9, 3], DynamicCache(), CPU, vocab))
+        assert (calls == []) is (lm is on)  # F.linear (backbone and head) only when opted out
+        monkeypatch.undo()
+    torch.testing.assert_close(rows[0], rows[1], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(rows[0]).sum() == 6
