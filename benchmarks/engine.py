@@ -155,6 +155,12 @@ class ConfigRun:
     outputs: list[tuple[int, ...]] = field(default_factory=list)  # of the last run
 
 
+def load_prompts(tokenizer: Any, path: Path) -> list[tuple[int, ...]]:
+    """Token ids of every {"prompt": ...} line of a JSONL prompt set."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [tuple(tokenizer(x["prompt"], add_special_tokens=False)["input_ids"]) for x in lines]
+
+
 def time_engine(
     engine: Engine, req: DecodeRequest, draft: LoadedModel | None
 ) -> tuple[float, DecodeResult]:
@@ -287,9 +293,7 @@ def run(out_dir: Path, quick: bool = False, prompts_path: Path = PROMPTS) -> dic
     stock = load_pair(cpu_linear=False)  # for HF as users run it
     target, engine = pair.target, Engine(pair.target)
     v1, v2, v2_full = pair.drafts["v1"], pair.drafts["v2"], pair.drafts["v2_full_head"]
-    tok = target.tokenizer
-    lines = [json.loads(line) for line in prompts_path.read_text().splitlines() if line.strip()]
-    prompts = [tuple(tok(x["prompt"], add_special_tokens=False)["input_ids"]) for x in lines]
+    prompts = load_prompts(target.tokenizer, prompts_path)
     runs = 1 if quick else 3
     sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
 

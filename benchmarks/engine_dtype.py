@@ -33,7 +33,6 @@ speculative token is not among the top 5): a gap of a few ulps or less is a roun
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -62,11 +61,12 @@ def forward_profile(
 ) -> dict[str, list[float]]:
     """Per target: median seconds of one cached forward over n = 1 .. K_MAX + 1 tokens.
     Every (target, n) pair is timed once per repetition, in a fresh random order."""
+    kwargs = {name: cache_kwarg(t.model) for name, t in targets.items()}  # outside the timing
     caches: dict[str, tuple[DynamicCache, int]] = {}
     with torch.inference_mode():
         for name, t in targets.items():
             cache = DynamicCache()
-            forward_logits(t.model, cache_kwarg(t.model), context, cache, t.device, 1)
+            forward_logits(t.model, kwargs[name], context, cache, t.device, 1)
             caches[name] = (cache, cache.get_seq_length())
     jobs = [(name, n) for name in targets for n in range(1, eb.K_MAX + 2)]
     times: dict[tuple[str, int], list[float]] = {job: [] for job in jobs}
@@ -77,7 +77,7 @@ def forward_profile(
             for name, n in jobs:
                 t, (cache, length) = targets[name], caches[name]
                 t0 = time.perf_counter()
-                forward_logits(t.model, cache_kwarg(t.model), context[:n], cache, t.device, 0)
+                forward_logits(t.model, kwargs[name], context[:n], cache, t.device, 0)
                 times[(name, n)].append(time.perf_counter() - t0)
                 crop_cache(cache, length)
     return {
@@ -108,9 +108,7 @@ def tie_gap(eng: Engine, prompt: tuple[int, ...], spec: tuple[int, ...], j: int)
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     torch.manual_seed(0)
     pairs = {name: eb.load_pair(dtype, lin) for name, (dtype, lin) in DTYPES.items()}
-    tok = pairs["fp32"].target.tokenizer
-    lines = [json.loads(x) for x in PROMPTS.read_text().splitlines() if x.strip()]
-    prompts = [tuple(tok(x["prompt"], add_special_tokens=False)["input_ids"]) for x in lines]
+    prompts = eb.load_prompts(pairs["fp32"].target.tokenizer, PROMPTS)
     runs, reps = (1, 8) if quick else (3, 25)
     sp = SamplingParams(temperature=0.0, max_tokens=eb.NEW_TOKENS)
 

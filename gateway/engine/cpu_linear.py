@@ -5,11 +5,11 @@ rows by a large weight. torch computes x @ W^T; on the CPU we measured (MKL, AMD
 cores) that call grows with the row count much faster than W @ x^T does (our reading: MKL
 packs the large operand on every call in the first form, the small one in the second). A
 single row is doubled, because MKL's one-column kernel is slower than its two-column one.
-Same fp32 arithmetic,
-other summation blocking: results differ from x @ W^T by rounding (~1e-7 relative), in
-standard and speculative decoding alike. Inputs with more than ROWS_MAX rows (long prefills),
-autograd, and weights no longer fp32 on CPU keep torch's own path. The output is laid out as
-F.linear's (contiguous), so downstream kernels (attention) are the ones torch would pick.
+Same fp32 arithmetic, other summation blocking: results differ from x @ W^T by rounding
+(~1e-7 relative), in standard and speculative decoding alike. Inputs with more than
+ROWS_MAX rows (long prefills), autograd, and weights no longer fp32 on CPU keep torch's own
+path. The output is laid out as F.linear's (contiguous), so downstream kernels (attention)
+are the ones torch would pick.
 `benchmarks/engine_dtype.py` measures both forwards side by side.
 """
 
@@ -47,12 +47,10 @@ def use_weight_major_linear(model: Any) -> int:
     """Give every fp32 nn.Linear of a CPU model the W @ x^T forward; returns how many."""
     count = 0
     for module in model.modules():
-        w = getattr(module, "weight", None)
         if (
             type(module) is nn.Linear
-            and w is not None
-            and w.device.type == "cpu"
-            and (w.dtype == torch.float32)
+            and module.weight.dtype == torch.float32
+            and module.weight.device.type == "cpu"
         ):
             module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
             count += 1
