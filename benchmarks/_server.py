@@ -24,6 +24,7 @@ ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 @dataclass
 class Running:
     url: str
+    pid: int
 
     def tenant(self, tenant_id: str, policy: dict[str, object] | None = None) -> str:
         """Create a tenant (with an optional policy document) and return its key."""
@@ -84,7 +85,7 @@ def gateway(**env: str) -> Iterator[Running]:
         url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(url, proc, Path(f"{tmp}/server.log"))
-            yield Running(url)
+            yield Running(url, proc.pid)
         finally:
             proc.terminate()
             proc.wait(timeout=60)

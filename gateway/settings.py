@@ -42,6 +42,9 @@ class Settings:
     """Requests that may wait for the inference worker before 503 Overloaded."""
     max_active: int = 4
     """Requests the worker interleaves step by step (each keeps its own KV cache)."""
+    torch_threads: int | None = None
+    """CPU threads of the inference thread's torch kernels; default torch's own choice (the
+    physical cores). The inference thread is the only one that runs torch."""
     audit_fail_closed: bool = True
     """If the audit store cannot be written, refuse inference with 503 (default)."""
     default_requests_per_minute: int = 600

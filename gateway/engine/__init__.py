@@ -13,7 +13,14 @@ from gateway.engine.errors import (
     PromptTooLong,
     VocabularyMismatch,
 )
-from gateway.engine.models import LoadedModel, check_pair, crop_cache, load_model, wrap_model
+from gateway.engine.models import (
+    LoadedModel,
+    check_pair,
+    crop_cache,
+    init_torch_thread,
+    load_model,
+    wrap_model,
+)
 from gateway.engine.proposers import Proposal, Proposer
 from gateway.engine.schema import (
     DecodeRequest,
@@ -47,6 +54,7 @@ __all__ = [
     "VocabularyMismatch",
     "check_pair",
     "crop_cache",
+    "init_torch_thread",
     "load_model",
     "wrap_model",
 ]

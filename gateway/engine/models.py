@@ -34,6 +34,16 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def init_torch_thread(threads: int | None = None) -> None:
+    """Set up the calling thread as the one that runs torch: its intra-op thread count
+    (None keeps torch's default, the physical cores). Call it first on the thread that loads
+    and runs the models (see gateway/serving/worker.py for why one thread owns torch)."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"torch threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
 def _context_length(config: Any) -> int:
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)

@@ -148,7 +148,7 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
         raise invalid(exc.message, exc.param) from None
     if (body.prompt is None) == (body.messages is None):
         raise invalid("send exactly one of prompt or messages", "prompt")
-    _, engine = svc.pool.target(body.model)
+    _, engine = await svc.pool.target(body.model)
     cmd = convert.tokenize_command(body)
     _, ids = tokenize_prompt(engine.tokenizer, cmd)
     return {"tokens": list(ids), "count": len(ids), "max_model_len": engine.context_length}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.audit import AuditStore, AuditWriter
+from gateway.engine import init_torch_thread
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.decisions import PolicyService
@@ -62,10 +63,15 @@ async def build_services(settings: Settings) -> Services:
     store = await AuditStore.connect(settings.database_url, upgrade=settings.migrate_on_start)
     writer = AuditWriter(store)
     await writer.start()
-    pool = ModelPool.from_manifest(settings.models, settings.device, settings.dtype)
-    await asyncio.to_thread(pool.load_targets)
-    worker = InferenceWorker(settings.queue_capacity, settings.max_active)
+    # The worker's thread is the only one that touches torch: it loads the models too.
+    worker = InferenceWorker(
+        settings.queue_capacity,
+        settings.max_active,
+        on_start=lambda: init_torch_thread(settings.torch_threads),
+    )
     worker.start()
+    pool = ModelPool.from_manifest(settings.models, settings.device, settings.dtype, worker.call)
+    await pool.load_targets()
     limits = Limits(settings.default_requests_per_minute, settings.default_tokens_per_minute)
     policy = PolicyService(store, settings.policies, limits)
     await policy.start()

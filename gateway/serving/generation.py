@@ -151,7 +151,7 @@ class GenerationService:
         if principal.role != "tenant" or principal.tenant_id is None:
             raise GatewayError("permission", "inference needs a tenant key", code="forbidden")
         self.recorder.check_writable()
-        entry, engine = self.pool.target(cmd.model)
+        entry, engine = await self.pool.target(cmd.model)
         prompt_text, prompt_ids = tokenize(engine.tokenizer, cmd)
         budget = engine.context_length - len(prompt_ids)
         if not prompt_ids:
@@ -212,7 +212,7 @@ class GenerationService:
         draft_handle = None
         decision = plan.decision
         if decision.mode == "speculative" and decision.proposer == "draft":
-            draft_handle = self.pool.draft(entry.name, decision.draft_version)
+            draft_handle = await self.pool.draft(entry.name, decision.draft_version)
         sampling = SamplingParams(
             temperature=cmd.temperature,
             top_p=cmd.top_p,

@@ -1,19 +1,27 @@
 """The model pool: targets and draft versions loaded from the manifest, on one device.
 
-Drafts load lazily and can be loaded or unloaded while the gateway runs: a request holds a
-reference to the LoadedModel it started with, so unloading only drops the pool's reference
-and requests in flight finish on their version.
+Every load runs on the inference thread (``runner`` is the worker's ``call``): that thread
+owns torch, see worker.py. Checksums are computed in a helper thread (no torch there), so a
+long hash does not stall decoding. Targets load at start; drafts load lazily and can be loaded or
+unloaded while the gateway runs: a request holds a reference to the LoadedModel it started
+with, so unloading only drops the pool's reference and requests in flight finish on their
+version.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gateway.engine import Engine, LoadedModel, check_pair, load_model
 from gateway.serving.errors import GatewayError
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
+
+Runner = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -23,30 +31,37 @@ class DraftHandle:
 
 
 class ModelPool:
-    def __init__(self, manifest: Manifest, device: str | None, dtype: str | None) -> None:
+    def __init__(
+        self, manifest: Manifest, device: str | None, dtype: str | None, runner: Runner
+    ) -> None:
         self.manifest = manifest
         self.device = device
         self.dtype = dtype
+        self._run = runner
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
         self._drafts: dict[tuple[str, str], DraftHandle] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def from_manifest(cls, path: str, device: str | None, dtype: str | None) -> ModelPool:
+    def from_manifest(
+        cls, path: str, device: str | None, dtype: str | None, runner: Runner
+    ) -> ModelPool:
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
-        return cls(load_manifest(path), device, dtype)
+        return cls(load_manifest(path), device, dtype, runner)
 
-    def load_targets(self) -> None:
+    async def load_targets(self) -> None:
         for entry in self.manifest.targets():
-            self.target(entry.name)
+            await self.target(entry.name)
 
     # -- targets -----------------------------------------------------------------------
 
     def target_names(self) -> list[str]:
         return [e.name for e in self.manifest.targets()]
 
-    def target(self, name: str) -> tuple[ModelEntry, Engine]:
+    async def target(self, name: str) -> tuple[ModelEntry, Engine]:
+        """The target's engine; loaded on the inference thread on first use (a target
+        registered while the gateway runs)."""
         with self._lock:
             if name in self._engines:
                 return self._engines[name]
@@ -59,18 +74,23 @@ class ModelPool:
                 code="model_not_found",
             )
         entry = entries[-1]
-        verify_sha256(entry)
-        engine = Engine(load_model(str(entry.path), self.device, self.dtype, draft_vocab=False))
+        await asyncio.to_thread(verify_sha256, entry)  # no torch: keeps decoding going
+        engine: Engine = await self._run(lambda: self._load_target(entry))
         with self._lock:
             self._engines.setdefault(name, (entry, engine))
             return self._engines[name]
+
+    def _load_target(self, entry: ModelEntry) -> Engine:  # on the inference thread
+        return Engine(load_model(str(entry.path), self.device, self.dtype, draft_vocab=False))
 
     # -- drafts ------------------------------------------------------------------------
 
     def draft_versions(self, target: str) -> tuple[str, ...]:
         return tuple(e.version for e in self.manifest.drafts_for(target))
 
-    def draft(self, target: str, version: str) -> DraftHandle:
+    async def draft(self, target: str, version: str) -> DraftHandle:
+        """The draft version's handle, loaded (and checked against its target) on the
+        inference thread on first use."""
         entry = next((e for e in self.manifest.drafts_for(target) if e.version == version), None)
         if entry is None:
             raise GatewayError("not_found", f"no draft version {version} for {target}")
@@ -79,12 +99,16 @@ class ModelPool:
             handle = self._drafts.get(key)
         if handle is not None:
             return handle
-        verify_sha256(entry)
-        _, engine = self.target(target)
-        model = load_model(str(entry.path), device=self.device, dtype=self.dtype)
-        check_pair(engine.target, model)
+        _, engine = await self.target(target)
+        await asyncio.to_thread(verify_sha256, entry)
+        model: LoadedModel = await self._run(lambda: self._load_draft(entry, engine))
         with self._lock:
             return self._drafts.setdefault(key, DraftHandle(entry, model))
+
+    def _load_draft(self, entry: ModelEntry, engine: Engine) -> LoadedModel:  # inference thread
+        model = load_model(str(entry.path), device=self.device, dtype=self.dtype)
+        check_pair(engine.target, model)
+        return model
 
     def unload_draft(self, name: str, version: str) -> bool:
         with self._lock:

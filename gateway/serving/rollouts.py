@@ -339,7 +339,7 @@ class RolloutService:
         except RegistryError as exc:
             raise invalid(f"invalid rollout: {exc}") from None
         try:
-            await asyncio.to_thread(self.pool.draft, target, version)  # fail now, not per request
+            await self.pool.draft(target, version)  # fail now, not per request
         except (RegistryError, EngineError, OSError) as exc:
             raise invalid(f"{draft}@{version} cannot be loaded: {exc}", "version") from None
         fields = {**probe.to_dict(), "guard": guard.to_dict()}
@@ -399,7 +399,7 @@ class RolloutService:
             raise GatewayError("conflict", f"rollout {r.id}: a promotion is already running")
         self._promoting.add(r.id)
         try:
-            handle = await asyncio.to_thread(self.pool.draft, r.target, r.version)  # (re)load
+            handle = await self.pool.draft(r.target, r.version)  # (re)load
             verdict = await self.run_regression(r.target, handle.model)
         except (EngineError, OSError) as exc:
             raise invalid(f"{r.draft}@{r.version} cannot be checked: {exc}") from None
@@ -423,5 +423,5 @@ class RolloutService:
 
     async def run_regression(self, target: str, draft: LoadedModel) -> reg.GateVerdict:
         """Greedy standard vs speculative on every regression prompt, on the inference worker."""
-        _, engine = self.pool.target(target)
+        _, engine = await self.pool.target(target)
         return await run_regression_gate(engine, draft, self.worker, self.regression_set)

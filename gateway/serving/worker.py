@@ -1,22 +1,38 @@
-"""The inference worker: one thread per device, fed by a bounded queue.
+"""The inference worker: the one thread that owns torch, fed by a bounded queue.
+
+Where torch runs is part of the design. torch's CPU kernels run on libgomp thread teams,
+one pool per OS thread that ever opened a parallel region, kept while that thread lives.
+Measured on the 2-core machine: once a second live thread had run one parallel op, a demo
+target step on this thread took 18-19 ms instead of 11-12 ms, at about 113% CPU instead
+of 198%. (Our reading: with more pooled threads than cores, libgomp throttles its spinning
+between regions, so every region of a step waits for a sleeping thread to wake.) Loading
+a draft did exactly that: its load-time check runs a forward, on the event loop (first
+speculative request) or in ``asyncio.to_thread`` (rollouts). So this thread loads every
+model (``call``) and runs every decoding step; no other thread of the gateway calls into
+torch. tests/integration/service/test_inference_thread.py compares its forwards with the
+same forwards in a plain script's main thread.
 
 Each job is an iterator that does one decoding step per ``next()`` (the engine's stream).
-The worker thread interleaves up to ``max_active`` jobs round-robin, one step each, so
-concurrent clients all make progress; the rest wait in a bounded queue and a full queue
-is refused at once (``Overloaded``) instead of hanging. Events travel back to the event
-loop through ``call_soon_threadsafe``; a cancelled job (client gone) is closed before its
-next step, which frees its slot.
+The thread interleaves up to ``max_active`` jobs round-robin, one step each, so concurrent
+clients all make progress; the rest wait in a bounded queue and a full queue is refused at
+once (``Overloaded``) instead of hanging. Calls (model loads) run between two rounds of
+steps, ahead of waiting jobs. Events travel back to the event loop through
+``call_soon_threadsafe``; a cancelled job (client gone) is closed before its next step,
+which frees its slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 _DONE = object()
 
 
@@ -45,11 +61,46 @@ class Job:
             self.cancelled.set()
 
 
+@dataclass
+class _Call:
+    """A function to run once on the inference thread (a model load); its result or
+    exception settles ``future`` on the caller's event loop."""
+
+    fn: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+    def run(self) -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, self.fn())
+        except BaseException as exc:
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            self.loop.call_soon_threadsafe(self._settle, outcome)
+
+    def _settle(self, outcome: tuple[bool, Any]) -> None:
+        if self.future.cancelled():
+            return
+        ok, value = outcome
+        if ok:
+            self.future.set_result(value)
+        else:
+            self.future.set_exception(value)
+
+
 class InferenceWorker:
-    def __init__(self, capacity: int, max_active: int, name: str = "inference") -> None:
+    def __init__(
+        self,
+        capacity: int,
+        max_active: int,
+        name: str = "inference",
+        on_start: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_start`` runs first on the thread (set torch's thread count there)."""
         self.capacity = capacity
         self.max_active = max_active
-        self._pending: queue.Queue[Job | None] = queue.Queue()
+        self._on_start = on_start
+        self._inbox: queue.Queue[Job | _Call | None] = queue.Queue()
         self._waiting = 0
         self._active = 0
         self._lock = threading.Lock()
@@ -65,8 +116,13 @@ class InferenceWorker:
 
     def stop(self, timeout: float = 30.0) -> None:
         if self._started:
-            self._pending.put(None)
+            self._inbox.put(None)
             self._thread.join(timeout)
+
+    @property
+    def thread_id(self) -> int | None:
+        """The OS thread's native id once started (what /proc and profilers show)."""
+        return self._thread.native_id
 
     @property
     def depth(self) -> int:
@@ -80,8 +136,18 @@ class InferenceWorker:
                 raise Overloaded(self._waiting)
             self._waiting += 1
         job = Job(make=make, loop=asyncio.get_running_loop())
-        self._pending.put(job)
+        self._inbox.put(job)
         return job
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the inference thread and return its result (or raise its error).
+        Everything that touches torch outside a job (loading a model) goes through here."""
+        if not self._started:
+            raise RuntimeError("the inference worker is not running")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._inbox.put(_Call(fn, loop, future))
+        return await future
 
     async def events(self, job: Job) -> AsyncIterator[Any]:
         """The job's events in order; an exception raised by the job is re-raised here.
@@ -100,17 +166,30 @@ class InferenceWorker:
     # -- worker-thread side -------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
+        waiting: collections.deque[Job] = collections.deque()
         active: list[tuple[Job, Iterator[Any]]] = []
         stopping = False
         while True:
-            while len(active) < self.max_active and not stopping:
+            # 1. Take what arrived: calls run now, jobs join the waiting line. Block only
+            #    when there is nothing to step.
+            idle = not active and not waiting and not stopping
+            while True:
                 try:
-                    job = self._pending.get(block=not active)
+                    item = self._inbox.get(block=idle)
                 except queue.Empty:
                     break
-                if job is None:
+                idle = False
+                if item is None:
                     stopping = True
-                    break
+                elif isinstance(item, _Call):
+                    item.run()
+                else:
+                    waiting.append(item)
+            # 2. Admit waiting jobs into free slots (after a stop, only those accepted).
+            while waiting and len(active) < self.max_active:
+                job = waiting.popleft()
                 with self._lock:
                     self._waiting -= 1
                     self._active += 1
@@ -119,9 +198,10 @@ class InferenceWorker:
                 except BaseException as exc:
                     self._finish(job, exc)
             if not active:
-                if stopping:
+                if stopping and not waiting:
                     return
                 continue
+            # 3. One step of every active job.
             still: list[tuple[Job, Iterator[Any]]] = []
             for job, steps in active:
                 if job.cancelled.is_set():

@@ -1,0 +1,114 @@
+"""The inference worker: the thread that owns torch runs jobs and calls, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.serving.errors import GatewayError
+from gateway.serving.models import ModelPool
+from gateway.serving.worker import InferenceWorker
+from models_registry.manifest import load_manifest
+from tests.integration import tiny_models
+
+
+def started(max_active: int = 1, **kw: object) -> InferenceWorker:
+    worker = InferenceWorker(capacity=8, max_active=max_active, **kw)  # type: ignore[arg-type]
+    worker.start()
+    return worker
+
+
+def counting(n: int, tag: str) -> Callable[[Callable[[], bool]], Iterator[str]]:
+    def make(cancelled: Callable[[], bool]) -> Iterator[str]:
+        return (f"{tag}{i}" for i in range(n))
+
+    return make
+
+
+async def test_call_runs_on_the_worker_thread_after_on_start() -> None:
+    seen: list[str] = []
+    worker = started(on_start=lambda: seen.append(threading.current_thread().name))
+    try:
+        name = await worker.call(lambda: threading.current_thread().name)
+        assert name == "inference" and seen == ["inference"]
+        assert threading.current_thread().name != "inference"
+    finally:
+        worker.stop()
+
+
+async def test_call_reraises_the_functions_error() -> None:
+    worker = started()
+    try:
+        with pytest.raises(ZeroDivisionError):
+            await worker.call(lambda: 1 // 0)
+        assert await worker.call(lambda: 7) == 7  # the thread survived
+    finally:
+        worker.stop()
+
+
+async def test_a_call_is_not_starved_by_busy_slots() -> None:
+    """With every slot taken by a job that never ends, a call still runs between steps."""
+    worker = started(max_active=1)
+
+    def forever(cancelled: Callable[[], bool]) -> Iterator[int]:
+        i = 0
+        while True:
+            i += 1
+            yield i
+
+    job = worker.submit(forever)
+    waiting = worker.submit(counting(2, "w"))
+    try:
+        events = worker.events(job)
+        assert await anext(events) == 1
+        assert await asyncio.wait_for(worker.call(lambda: "ran"), timeout=10) == "ran"
+        assert worker.depth == 2  # the endless job runs, the other one still waits
+    finally:
+        job.cancelled.set()
+        assert [e async for e in worker.events(waiting)] == ["w0", "w1"]
+        worker.stop()
+
+
+async def test_call_before_start_is_refused() -> None:
+    worker = InferenceWorker(capacity=1, max_active=1)
+    with pytest.raises(RuntimeError, match="not running"):
+        await worker.call(lambda: None)
+
+
+async def test_stop_finishes_every_accepted_job() -> None:
+    worker = started(max_active=1)
+    jobs = [worker.submit(counting(3, tag)) for tag in "abc"]
+    await asyncio.to_thread(worker.stop)
+    for job, tag in zip(jobs, "abc", strict=True):
+        assert [e async for e in worker.events(job)] == [f"{tag}{i}" for i in range(3)]
+
+
+async def test_the_pool_loads_models_through_its_runner(tmp_path: Path) -> None:
+    """Targets and drafts load where the runner says (the inference thread), never inline."""
+    manifest = load_manifest(tiny_models.build(tmp_path))
+    threads: list[str] = []
+    worker = started()
+
+    async def runner(fn: Callable[[], object]) -> object:
+        def recorded() -> object:
+            threads.append(threading.current_thread().name)
+            return fn()
+
+        return await worker.call(recorded)
+
+    pool = ModelPool(manifest, "cpu", None, runner)
+    try:
+        await pool.load_targets()
+        target = manifest.targets()[0].name
+        version = pool.draft_versions(target)[0]
+        handle = await pool.draft(target, version)
+        assert handle is await pool.draft(target, version)  # loaded once
+        assert threads == ["inference", "inference"]
+        with pytest.raises(GatewayError):
+            await pool.target("no-such-model")
+    finally:
+        worker.stop()
