@@ -21,7 +21,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy gateway/engine gateway/audit policies models_registry
+	$(BIN)/mypy gateway/engine gateway/audit gateway/serving gateway/costmodel.py gateway/limits.py \
+		policies models_registry
 
 format: $(STAMP)
 	$(BIN)/ruff format .

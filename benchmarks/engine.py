@@ -53,6 +53,7 @@ from typing import Any
 
 import torch
 
+from gateway.costmodel import best_k, speedup
 from gateway.engine import (
     DecodeRequest,
     DecodeResult,
@@ -62,7 +63,6 @@ from gateway.engine import (
     load_model,
     wrap_model,
 )
-from gateway.engine.kpolicy import best_k
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "models_registry" / "demo" / "manifest.yaml"
@@ -264,9 +264,9 @@ def summarise(name: str, run: ConfigRun, base: ConfigRun, t_step: float) -> dict
         draft_step = sum(s.draft_s for s in st) / draft_forwards
         c = draft_step / t_step
     verify_step = sum(s.verify_s for s in st) / forwards
-    ideal = e / (mean_k * (c or 0.0) + 1.0)
+    ideal = speedup(e, mean_k, c or 0.0)
     verify_cost = verify_step / t_step
-    ideal_v = e / (mean_k * (c or 0.0) + verify_cost)  # the same, paying the measured verify
+    ideal_v = speedup(e, mean_k, c or 0.0, verify_cost)  # the same, paying the measured verify
     row.update(
         acceptance_rate=round(accepted / drafted, 4) if drafted else None,
         mean_accepted_length=round(1 + accepted / num_drafts, 3),
@@ -321,7 +321,7 @@ def run(out_dir: Path, quick: bool = False, prompts_path: Path = PROMPTS) -> dic
         / max(sum(r.stats.draft_forwards for r in warm_spec), 1)
         / t_step
     )
-    fixed_k = best_k(min(max(a, 0.01), 0.99), c, 1, 16)
+    fixed_k = best_k(min(max(a, 0.01), 0.99), c, 1, 16)[0]
     hf_ks = sorted({2, 4, 6, fixed_k})
     hf_pairs = {"": (stock.target, stock.drafts["v2"]), "_weight_major": (target, v2)}
     for k in hf_ks:

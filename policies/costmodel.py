@@ -1,51 +1,21 @@
-"""The cost model (Leviathan et al. 2023) and the acceptance history update. Pure functions.
-
-With acceptance rate a, draft length k and cost ratio c (one proposer step / one target step):
-
-    expected tokens per target forward  E(a, k) = (1 - a^(k+1)) / (1 - a)     (k + 1 when a = 1)
-    expected speedup                  S(a, k, c) = E(a, k) / (k c + 1)
-
-Speculation can pay only when a > c; the best k is found by scanning the policy's bounds.
-"""
+"""The acceptance history update (pure functions) and the cost model, which is defined
+once in gateway/costmodel.py (E(a, k), S(a, k, c), best k) and re-exported here."""
 
 from __future__ import annotations
 
 import math
 
+from gateway.costmodel import best_k, expected_speedup, expected_tokens
 from policies.types import HistoryEntry
 
-
-def expected_tokens(a: float, k: int) -> float:
-    """E(a, k): tokens emitted per target forward with k drafted tokens."""
-    if not 0.0 <= a <= 1.0:
-        raise ValueError(f"acceptance must be in [0, 1], got {a}")
-    if k < 0:
-        raise ValueError(f"k must be >= 0, got {k}")
-    if a >= 1.0:
-        return float(k + 1)
-    return (1.0 - a ** (k + 1)) / (1.0 - a)
-
-
-def expected_speedup(a: float, k: int, c: float) -> float:
-    """S(a, k, c) = (1 - a^(k+1)) / ((1 - a)(k c + 1))."""
-    if c < 0.0:
-        raise ValueError(f"cost ratio c must be >= 0, got {c}")
-    return expected_tokens(a, k) / (k * c + 1.0)
-
-
-def best_k(a: float, c: float, k_min: int, k_max: int) -> tuple[int, float]:
-    """The k in [k_min, k_max] that maximises S(a, k, c), and that S.
-
-    Ties go to the smallest k (less wasted draft work for the same expected speedup).
-    """
-    if not 1 <= k_min <= k_max:
-        raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}, {k_max}")
-    best = (k_min, expected_speedup(a, k_min, c))
-    for k in range(k_min + 1, k_max + 1):
-        s = expected_speedup(a, k, c)
-        if s > best[1]:
-            best = (k, s)
-    return best
+__all__ = [
+    "alpha_from_half_life",
+    "best_k",
+    "ewma",
+    "expected_speedup",
+    "expected_tokens",
+    "update_history",
+]
 
 
 def alpha_from_half_life(half_life: float) -> float:

@@ -14,6 +14,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from gateway.limits import MAX_K
+
 Schema = dict[str, Any]
 
 ENFORCEMENT: Schema = {"enum": ["enforce", "dryrun"]}
@@ -51,8 +53,8 @@ def _document_properties() -> dict[str, Schema]:
                 },
                 "k": _obj(
                     {
-                        "min": {"type": "integer", "minimum": 1, "maximum": 64},
-                        "max": {"type": "integer", "minimum": 1, "maximum": 64},
+                        "min": {"type": "integer", "minimum": 1, "maximum": MAX_K},
+                        "max": {"type": "integer", "minimum": 1, "maximum": MAX_K},
                     }
                 ),
                 "min_max_tokens": COUNT,

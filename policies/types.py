@@ -121,6 +121,11 @@ class Decision:
     inputs: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
     dryrun: tuple[str, ...] = ()
     """Reason codes of dry-run rules that would have changed the outcome."""
+    acceptance: float | None = None
+    """The acceptance rate the cost model used (history or prior); None when it did not run
+    or the request decodes standard. The engine's k policy starts from it and `c`."""
+    c: float | None = None
+    """The cost ratio (proposer step / target step) the cost model used, with `acceptance`."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (lists for tuples, plain dict for inputs)."""
@@ -142,6 +147,8 @@ class Decision:
             "rule_ids": list(self.rule_ids),
             "inputs": dict(self.inputs),
             "dryrun": list(self.dryrun),
+            "acceptance": self.acceptance,
+            "c": self.c,
         }
 
 

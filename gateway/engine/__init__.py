@@ -13,6 +13,7 @@ from gateway.engine.errors import (
     PromptTooLong,
     VocabularyMismatch,
 )
+from gateway.engine.kpolicy import KPrior
 from gateway.engine.models import (
     LoadedModel,
     check_pair,
@@ -44,6 +45,7 @@ __all__ = [
     "Grammar",
     "GrammarDeadEnd",
     "InvalidRequest",
+    "KPrior",
     "LoadedModel",
     "PromptTooLong",
     "Proposal",

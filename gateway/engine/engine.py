@@ -22,9 +22,7 @@ from gateway.engine.proposers.prompt_lookup import PromptLookupProposer
 from gateway.engine.sampling import LogitsShaper
 from gateway.engine.schema import DecodeRequest, DecodeResult, Delta, Finished, SamplingParams
 from gateway.engine.stats import DecodeStats
-
-MAX_K = 64
-MAX_TOP_LOGPROBS = 20
+from gateway.limits import MAX_K, MAX_TOP_LOGPROBS
 
 
 class Engine:
@@ -108,8 +106,7 @@ class Engine:
                 proposer = PredictionProposer(ids, len(req.prompt_ids))
             else:
                 raise InvalidRequest(f"unknown proposer {name!r}")
-            deterministic = sp.temperature > 0 and sp.seed is not None
-            policy = KPolicy(req.k_min, req.k_max, c=c0, measure_c=not deterministic)
+            policy = self._k_policy(req, c0)
         output = OutputBuilder(t.tokenizer, req.prompt_ids, sp.stop, t.eos_token_ids, sp.max_tokens)
         return LoopConfig(
             target=t,
@@ -126,6 +123,19 @@ class Engine:
             policy=policy,
             draft_context_length=draft_ctx,
         )
+
+    @staticmethod
+    def _k_policy(req: DecodeRequest, static: float) -> KPolicy:
+        """From the decision's prior; a seeded sampled request keeps the fixed prior and the
+        static c, so that its seed alone decides its output (see kpolicy.py)."""
+        sp = req.sampling
+        if sp.temperature > 0 and sp.seed is not None:
+            return KPolicy(req.k_min, req.k_max, c=static, measure_c=False)
+        if req.k_prior is None:
+            return KPolicy(req.k_min, req.k_max, c=static)
+        prior = min(max(req.k_prior.acceptance, 0.0), 1.0)
+        c = req.k_prior.c if req.k_prior.c > 0 else static
+        return KPolicy(req.k_min, req.k_max, prior=prior, c=c)
 
     @staticmethod
     def _shaper(sp: SamplingParams, vocab_size: int, device: torch.device) -> LogitsShaper:

@@ -1,47 +1,43 @@
-"""Adaptive draft length k per request (Leviathan et al.'s cost model).
+"""Adaptive draft length k per request, on the cost model of gateway/costmodel.py.
 
-With per-token acceptance rate a and cost ratio c = draft step / target step, one verify
-step with k drafted tokens emits E(k) = (1 - a^(k+1)) / (1 - a) tokens on average and costs
-k c + 1 target steps, so the throughput gain is
+Each step picks the k in [k_min, k_max] that maximises S(a, k, c) = E(a, k) / (k c + 1).
+a is a decayed-count estimate (successes over trials, seeded with a prior), updated after
+every verify step: m accepted of n drafted is m successes and (1 if m < n else 0) failures
+(the geometric likelihood).
 
-    g(k) = (1 - a^(k+1)) / ((1 - a) (k c + 1)),
-
-and we choose k in [k_min, k_max] maximising it. a is a decayed-count estimate (successes
-over trials, seeded with a prior), updated after every verify step: m accepted of n drafted
-is m successes and (1 if m < n else 0) failures (the geometric likelihood).
-
-c starts from a static estimate (draft layers / target layers: at small sizes per-layer
-overhead dominates) and, when `measure_c` is set, follows the measured ratio. A seeded
-sampled request keeps the static c: k changes which random numbers each position consumes,
-so a k chosen from wall-clock timings would make the same seed give different outputs.
-(Greedy output never depends on k.)
+The prior is what the policy engine decided on (``KPrior``: the tenant's measured acceptance
+and c for this proposer and draft version), so the first step's k is the decision's k; with
+no prior, acceptance starts at DEFAULT_PRIOR and c at a static estimate (draft layers /
+target layers: at small sizes per-layer overhead dominates). When `measure_c` is set, c then
+follows the measured ratio. A seeded sampled request keeps the fixed prior and the static c:
+k changes which random numbers each position consumes, so a k chosen from history or
+wall-clock timings would make the same seed give different outputs. (Greedy output never
+depends on k.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.costmodel import best_k
 
-def expected_tokens(a: float, k: int) -> float:
-    """E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)."""
-    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-
-
-def speedup(a: float, k: int, c: float) -> float:
-    """g(k) = E(k) / (k c + 1): the ideal speedup over standard decoding."""
-    return expected_tokens(a, k) / (k * c + 1.0)
+DEFAULT_PRIOR = 0.7
 
 
-def best_k(a: float, c: float, k_min: int, k_max: int) -> int:
-    """argmax over k in [k_min, k_max] of g(k); the smallest k on ties."""
-    return max(range(k_min, k_max + 1), key=lambda k: (speedup(a, k, c), -k))
+@dataclass(frozen=True)
+class KPrior:
+    """The decision's estimates for this request's proposer: acceptance a in [0, 1] and
+    cost ratio c >= 0 (0 for a proposer whose cost is not measured yet)."""
+
+    acceptance: float
+    c: float
 
 
 @dataclass
 class KPolicy:
     k_min: int
     k_max: int
-    prior: float = 0.7
+    prior: float = DEFAULT_PRIOR
     prior_weight: float = 4.0
     decay: float = 0.9
     successes: float = 0.0
@@ -57,7 +53,7 @@ class KPolicy:
         return min(max(a, 0.01), 0.99)
 
     def choose(self) -> int:
-        return best_k(self.acceptance, self.c, self.k_min, self.k_max)
+        return best_k(self.acceptance, self.c, self.k_min, self.k_max)[0]
 
     def observe_c(self, measured: float | None) -> None:
         if self.measure_c and measured is not None:

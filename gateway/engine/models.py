@@ -94,13 +94,14 @@ def wrap_model(
 def load_model(
     path: str | Path,
     device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     draft_vocab: bool = True,
     cpu_linear: bool = True,
 ) -> LoadedModel:
     """AutoModelForCausalLM + AutoTokenizer from a local directory (never the hub).
 
-    Device defaults to CUDA when available, else CPU; dtype to bf16 on CUDA, fp32 on CPU.
+    Device defaults to CUDA when available, else CPU; dtype (a torch dtype or its name, e.g.
+    "bfloat16") to bf16 on CUDA, fp32 on CPU.
     A `draft_vocab.json` in the directory gives the model a reduced drafting head (used when
     it drafts, never when it is the target); draft_vocab=False ignores that file.
     cpu_linear=False keeps torch's own nn.Linear forward (see cpu_linear.py).
@@ -108,6 +109,11 @@ def load_model(
     dev = torch.device(device) if device is not None else default_device()
     if dtype is None:
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    elif isinstance(dtype, str):
+        named = getattr(torch, dtype, None)
+        if not isinstance(named, torch.dtype) or not named.is_floating_point:
+            raise ValueError(f"unknown model dtype {dtype!r} (float32, bfloat16, float16)")
+        dtype = named
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
     model.to(dev)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.engine.constraints.base import Grammar
+from gateway.engine.kpolicy import KPrior
 from gateway.engine.stats import DecodeStats
 
 Mode = Literal["standard", "speculative"]
@@ -41,6 +42,9 @@ class DecodeRequest:
     # The draft model stops drafting after a token it gave less than this probability.
     min_draft_confidence: float = DEFAULT_MIN_DRAFT_CONFIDENCE
     grammar: Grammar | None = None  # per-request, stateful: use a fresh one per request
+    # Where the k policy starts (the policy decision's acceptance and c); None: the default
+    # prior. Ignored by seeded sampled requests, which keep the fixed prior (kpolicy.py).
+    k_prior: KPrior | None = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ the parameter), and quotas -> x-ratelimit-* headers."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from gateway.http.schemas import (
@@ -13,12 +14,10 @@ from gateway.http.schemas import (
     Message,
     TokenizeRequest,
 )
-from gateway.serving.commands import DecodingOverride, Generate
+from gateway.limits import MAX_K, MAX_STOP, MAX_TOP_LOGPROBS
+from gateway.serving.commands import DecodingOverride, Generate, SamplingParams
 from gateway.serving.errors import invalid
 from gateway.serving.ratelimit import Quota
-
-MAX_STOP = 4
-MAX_TOP_LOGPROBS = 20
 
 
 def _text(content: str | list[ContentPart] | None, param: str) -> str:
@@ -92,8 +91,8 @@ def _common(
     decoding = None
     if body.decoding is not None:
         d = body.decoding
-        if d.k is not None and not 1 <= d.k <= 32:
-            raise invalid(f"decoding.k must be in [1, 32], got {d.k}", "decoding.k")
+        if d.k is not None and not 1 <= d.k <= MAX_K:
+            raise invalid(f"decoding.k must be in [1, {MAX_K}], got {d.k}", "decoding.k")
         decoding = DecodingOverride(mode=d.mode, proposer=d.proposer, k=d.k)
     response_format = None
     if body.response_format is not None and body.response_format.type != "text":
@@ -116,12 +115,14 @@ def _common(
     return {
         "model": body.model,
         "max_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "stop": stop,
-        "seed": body.seed,
-        "logit_bias": tuple(bias),
+        "sampling": SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop=stop,
+            seed=body.seed,
+            logit_bias=tuple(bias),
+        ),
         "prediction": prediction,
         "response_format": response_format,
         "decoding": decoding,
@@ -138,13 +139,12 @@ def to_command(body: ChatCompletionRequest | CompletionRequest) -> Generate:
             raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
         if not 0 <= top <= MAX_TOP_LOGPROBS:
             raise invalid(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
-        return Generate(
-            endpoint="chat.completions",
-            messages=_messages(body.messages),
-            logprobs=bool(body.logprobs),
-            top_logprobs=top,
-            **_common(body, max_tokens),
-        )
+        return _with_logprobs(
+            Generate(endpoint="chat.completions", messages=_messages(body.messages),
+                     **_common(body, max_tokens)),
+            bool(body.logprobs),
+            top,
+        )  # fmt: skip
     if body.echo:
         raise invalid("echo is not supported", "echo")
     if body.suffix:
@@ -153,13 +153,16 @@ def to_command(body: ChatCompletionRequest | CompletionRequest) -> Generate:
     n_lp = body.logprobs
     if n_lp is not None and not 0 <= n_lp <= MAX_TOP_LOGPROBS:
         raise invalid(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
-    return Generate(
-        endpoint="completions",
-        prompt=prompt,
-        logprobs=n_lp is not None,
-        top_logprobs=n_lp or 0,
-        **_common(body, body.max_tokens),
+    return _with_logprobs(
+        Generate(endpoint="completions", prompt=prompt, **_common(body, body.max_tokens)),
+        n_lp is not None,
+        n_lp or 0,
     )
+
+
+def _with_logprobs(cmd: Generate, logprobs: bool, top: int) -> Generate:
+    sampling = replace(cmd.sampling, logprobs=logprobs, top_logprobs=top)
+    return replace(cmd, sampling=sampling)
 
 
 def _prompt(raw: str | list[Any]) -> str | tuple[int, ...]:

@@ -25,7 +25,7 @@ from gateway.serving import Services
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.generation import Generation
-from gateway.serving.generation import tokenize as tokenize_prompt
+from gateway.serving.prepare import tokenize as tokenize_prompt
 
 
 def services(request: Request[Any, Any, Any]) -> Services:
@@ -57,7 +57,7 @@ async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]
         gen = await svc.generation.start(principal, meta, cmd)
     except Exception as exc:  # every refusal is audited, unexpected ones too
         err = exc if isinstance(exc, GatewayError) else _internal(request, exc)
-        await svc.recorder.refused(principal, meta, cmd, err)
+        await svc.generation.refuse(principal, meta, cmd, err)
         return error_response(err, base_headers)
     headers = {**gen.headers(), **convert.ratelimit_headers(gen.quota)}
     if cmd.stream:

@@ -73,7 +73,7 @@ def full_response(gen: Generation, result: DecodeResult) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": result.text, "refusal": None},
-            "logprobs": chat_logprobs(result.logprobs) if gen.command.logprobs else None,
+            "logprobs": chat_logprobs(result.logprobs) if gen.command.sampling.logprobs else None,
             "finish_reason": finish_reason(result),
         }
         obj = "chat.completion"
@@ -81,7 +81,9 @@ def full_response(gen: Generation, result: DecodeResult) -> dict[str, Any]:
         choice = {
             "index": 0,
             "text": result.text,
-            "logprobs": completion_logprobs(result.logprobs, 0) if gen.command.logprobs else None,
+            "logprobs": completion_logprobs(result.logprobs, 0)
+            if gen.command.sampling.logprobs
+            else None,
             "finish_reason": finish_reason(result),
         }
         obj = "text_completion"
@@ -123,7 +125,7 @@ class ChunkWriter:
         return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
 
     def delta(self, text: str, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
-        want = self.gen.command.logprobs
+        want = self.gen.command.sampling.logprobs
         if self.chat:
             choice: dict[str, Any] = {
                 "index": 0,

@@ -16,7 +16,7 @@ from gateway.serving.generation import GenerationService
 from gateway.serving.models import ModelPool
 from gateway.serving.ratelimit import Limits, RateLimiter
 from gateway.serving.recorder import Recorder
-from gateway.serving.rollouts import RolloutService
+from gateway.serving.rollouts import RolloutAdmin, RolloutTraffic, RolloutView
 from gateway.serving.worker import InferenceWorker
 from gateway.settings import Settings
 
@@ -35,7 +35,8 @@ class Services:
     generation: GenerationService
     auth: Authenticator
     admin: AdminService
-    rollouts: RolloutService
+    rollouts: RolloutAdmin
+    traffic: RolloutTraffic
 
     async def readiness(self) -> dict[str, bool]:
         try:
@@ -72,17 +73,18 @@ async def build_services(settings: Settings) -> Services:
     worker.start()
     pool = ModelPool.from_manifest(settings.models, settings.device, settings.dtype, worker.call)
     await pool.load_targets()
-    limits = Limits(settings.default_requests_per_minute, settings.default_tokens_per_minute)
-    policy = PolicyService(store, settings.policies, limits)
-    await policy.start()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)
-    recorder.after_served.append(policy.observe)
-    rollouts = RolloutService(store, pool, worker, recorder)
+    view = RolloutView(store, pool, recorder.detach)
+    traffic = RolloutTraffic(view)
+    rollouts = RolloutAdmin(view, traffic, worker)
     await rollouts.start()
-    policy.choose_draft = rollouts.choose
+    limits = Limits(settings.default_requests_per_minute, settings.default_tokens_per_minute)
+    policy = PolicyService(store, settings.policies, limits, choose_draft=traffic.choose)
+    await policy.start()
     generation = GenerationService(
-        pool=pool, worker=worker, decider=policy, limiter=RateLimiter(), recorder=recorder
-    )
+        pool=pool, worker=worker, policy=policy, traffic=traffic, limiter=RateLimiter(),
+        recorder=recorder,
+    )  # fmt: skip
     auth = Authenticator(store, bootstrap_admin_hash(settings.admin_key, settings.var_dir))
     return Services(
         settings=settings,
@@ -96,4 +98,5 @@ async def build_services(settings: Settings) -> Services:
         auth=auth,
         admin=AdminService(store),
         rollouts=rollouts,
+        traffic=traffic,
     )

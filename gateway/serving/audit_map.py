@@ -24,7 +24,7 @@ def _constraint(cmd: Generate | None) -> tuple[str, str | None]:
     if kind in ("json_object", "json_schema"):
         return kind, _sha(json.dumps(cmd.response_format, sort_keys=True, separators=(",", ":")))
     if kind == "logit_bias":
-        return kind, _sha(json.dumps(sorted(cmd.logit_bias)))
+        return kind, _sha(json.dumps(sorted(cmd.sampling.logit_bias)))
     return kind, None
 
 
@@ -48,10 +48,10 @@ def request_fields(
         "tenant_id": principal.tenant_id if principal else None,
         "key_id": principal.key_id if principal else None,
         "requested_mode": _requested_mode(cmd),
-        "temperature": cmd.temperature if cmd else None,
-        "top_p": cmd.top_p if cmd else None,
-        "top_k": cmd.top_k if cmd else None,
-        "seed": cmd.seed if cmd else None,
+        "temperature": cmd.sampling.temperature if cmd else None,
+        "top_p": cmd.sampling.top_p if cmd else None,
+        "top_k": cmd.sampling.top_k if cmd else None,
+        "seed": cmd.sampling.seed if cmd else None,
         "constraint": constraint,
         "constraint_sha256": constraint_sha,
         "latency_ms": round((time.perf_counter() - meta.received_at) * 1000, 3),

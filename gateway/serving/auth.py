@@ -10,6 +10,7 @@ import hmac
 import secrets
 import sys
 from pathlib import Path
+from typing import Literal
 
 from gateway.audit import AuditStore
 from gateway.audit import sha256_text as _sha
@@ -68,7 +69,7 @@ class Authenticator:
                 f"Incorrect API key provided: {shown}. The key is unknown or revoked.",
                 code="invalid_api_key",
             )
-        role = "auditor" if info.role == "auditor" else "tenant"
+        role: Literal["auditor", "tenant"] = "auditor" if info.role == "auditor" else "tenant"
         return Principal(role=role, tenant_id=info.tenant_id, key_id=info.id)
 
     async def admin(self, authorization: str | None) -> Principal:

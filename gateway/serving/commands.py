@@ -1,9 +1,14 @@
-"""The frozen objects that cross the http -> serving seam."""
+"""The frozen objects that cross the http -> serving seam (SamplingParams is the engine's,
+re-exported: the command carries it as the one typed set of sampling parameters)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from gateway.engine import SamplingParams
+
+__all__ = ["DecodingOverride", "Endpoint", "Generate", "Principal", "RequestMeta", "SamplingParams"]
 
 Endpoint = Literal["chat.completions", "completions"]
 
@@ -41,14 +46,11 @@ class Generate:
     messages: tuple[dict[str, str], ...] | None = None
     prompt: str | tuple[int, ...] | None = None
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
-    logit_bias: tuple[tuple[int, float], ...] = ()
+    """None: the endpoint's default (gateway.limits.DEFAULT_MAX_TOKENS), capped by the context."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """The engine's sampling parameters as the client set them (temperature, top_p, top_k,
+    stop, seed, logprobs, logit_bias...). max_tokens and the tenant's token lists are filled
+    in when the request runs."""
     prediction: str | None = None
     response_format: dict[str, Any] | None = None
     decoding: DecodingOverride | None = None
@@ -62,4 +64,4 @@ class Generate:
         rf = self.response_format
         if rf and rf.get("type") in ("json_object", "json_schema"):
             return str(rf["type"])
-        return "logit_bias" if self.logit_bias else "none"
+        return "logit_bias" if self.sampling.logit_bias else "none"

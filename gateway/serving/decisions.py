@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.audit import AdminEvent, AuditStore
+from gateway.engine import DecodeResult
 from gateway.serving.errors import invalid
 from gateway.serving.ratelimit import Limits
 from policies import (
@@ -59,14 +60,22 @@ DraftChooser = Callable[[str, str, str, Callable[[str], bool]], str | None]
 
 
 class PolicyService:
-    def __init__(self, store: AuditStore, policy_dir: str, defaults: Limits) -> None:
+    def __init__(
+        self,
+        store: AuditStore,
+        policy_dir: str,
+        defaults: Limits,
+        choose_draft: DraftChooser | None = None,
+    ) -> None:
+        """`choose_draft` (the rollouts' split) serves dry runs only: a real request's
+        pipeline asks the rollouts itself and passes the pick to `decide`."""
         self.store = store
         self.policy_dir = policy_dir
         self.defaults = defaults
         self.policies = PolicyStore()
         self.history: dict[HistoryKey, HistoryEntry] = {}
         self.previous_mode: dict[str, str] = {}
-        self.choose_draft: DraftChooser = lambda *_: None
+        self.choose_draft: DraftChooser = choose_draft or (lambda *_: None)
         self._refreshed = 0.0
         self._refreshing: asyncio.Task[None] | None = None
         self._rng = random.Random()
@@ -147,19 +156,19 @@ class PolicyService:
                 everyone[key] = entry
         return mine, everyone
 
+    def allows_draft_version(self, tenant: str) -> Callable[[str], bool]:
+        """The tenant's policy on draft versions (the rollout split respects it)."""
+        return self.policies.active.policy_for(tenant).speculation.allows_draft_version
+
     def context(
         self,
         tenant: str,
-        request_id: str,
         f: RequestFeatures,
         draft_versions: tuple[str, ...],
+        preferred: str | None,
         depth: int,
         capacity: int,
     ) -> DecisionContext:
-        policy = self.policies.active.policy_for(tenant)
-        preferred = self.choose_draft(
-            f.model, request_id, tenant, policy.speculation.allows_draft_version
-        )
         mine, everyone = self._histories(tenant)
         return DecisionContext(
             tenant_id=tenant,
@@ -173,16 +182,19 @@ class PolicyService:
             decision_id=uuid.uuid4().hex,
         )
 
-    async def decide(
+    def decide(
         self,
         tenant: str,
-        request_id: str,
         f: RequestFeatures,
         draft_versions: tuple[str, ...],
-        worker: Any,
+        preferred: str | None,
+        depth: int,
+        capacity: int,
     ) -> Plan:
+        """The decision for one request, with the limits and lists it runs under.
+        `preferred`: the rollout's draft version for this request (None: no preference)."""
         self._refresh_in_background()
-        ctx = self.context(tenant, request_id, f, draft_versions, worker.depth, worker.capacity)
+        ctx = self.context(tenant, f, draft_versions, preferred, depth, capacity)
         bundle = self.policies.active
         decision = decide(bundle, ctx)
         if decision.auto_outcome is not None:
@@ -205,22 +217,23 @@ class PolicyService:
             ewma_alpha=policy.auto.ewma_alpha,
         )
 
-    async def observe(self, gen: Any, plan: Plan) -> None:
+    async def observe(self, plan: Plan, result: DecodeResult | None) -> None:
         """Fold a finished speculative request into the tenant's and the global history."""
         d = plan.decision
-        stats = gen.result.stats if gen.result else None
-        if d.mode != "speculative" or stats is None or not stats.drafted:
+        stats = result.stats if result else None
+        if d.mode != "speculative" or d.proposer is None or stats is None or not stats.drafted:
             return
+        proposer = d.proposer
         version = d.draft_version or ""
         for tenant in (d.tenant_id, GLOBAL):
-            key = (tenant, d.proposer, version)
+            key = (tenant, proposer, version)
             entry = update_history(
                 self.history.get(key), stats.drafted, stats.accepted, stats.c, plan.ewma_alpha
             )
             self.history[key] = entry
             await self.store.put_acceptance(
                 tenant,
-                d.proposer,
+                proposer,
                 version,
                 ewma_acceptance=entry.acceptance,
                 ewma_c=entry.c,
@@ -257,7 +270,8 @@ class PolicyService:
         request = body.get("request") or {}
         if not isinstance(tenant, str) or not isinstance(request, dict):
             raise invalid('send {"tenant": str, "request": {...}}', "tenant")
-        d = request.get("decoding") if isinstance(request.get("decoding"), dict) else {}
+        raw = request.get("decoding")
+        d: dict[str, Any] = raw if isinstance(raw, dict) else {}
         try:
             f = RequestFeatures(
                 endpoint=str(request.get("endpoint", "chat.completions")),
@@ -276,6 +290,8 @@ class PolicyService:
         except (TypeError, ValueError) as exc:
             raise invalid(f"bad request features: {exc}", "request") from None
         versions = tuple(request.get("draft_versions", ()))
-        ctx = self.context(tenant, "dry-run", f, versions, depth, 0)
+        allows = self.allows_draft_version(tenant)
+        preferred = self.choose_draft(f.model, "dry-run", tenant, allows)
+        ctx = self.context(tenant, f, versions, preferred, depth, 0)
         decision = decide(self.policies.active, ctx)
         return {"decision": decision.to_dict()}

@@ -1,79 +1,76 @@
-"""One request = policy decision -> model pair -> engine run -> audit record.
+"""One request, one pipeline: authorize -> validate -> choose draft -> decide -> admit -> run
+-> finish.
 
-``GenerationService.start`` checks the request against the model (tokens, context,
-parameters), asks the decider how to decode, charges the tenant's rate limits and queues
-the engine run on the inference worker. The returned ``Generation`` streams the engine's
-deltas; ``finish`` writes the audit record (awaiting durability) before the caller sends
-the last byte, so nothing is served unaudited.
+``GenerationService.start`` runs the first six steps, one call each, and returns the
+started ``Generation``; the caller streams its deltas and then calls ``finish`` exactly
+once (``refuse`` for a request that never started). ``finish`` is the one way back:
+settle the rate limit, write the audit record (durable before the caller sends the last
+byte, so nothing is served unaudited), feed the rollout guard, then the acceptance
+history, in that order. Metrics and logs listen to the recorder.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
 
-from gateway.engine import (
-    DecodeRequest,
-    DecodeResult,
-    Delta,
-    EngineError,
-    Finished,
-    Grammar,
-    SamplingParams,
-)
-from gateway.engine.constraints.json_schema import (
-    ConstraintError,
-    compile_json_grammar,
-    validate_output,
-)
+from gateway.audit import Payload
+from gateway.engine import DecodeRequest, DecodeResult, Delta, EngineError, Finished, KPrior
+from gateway.engine.constraints.json_schema import ConstraintError, validate_output
+from gateway.serving.audit_map import refused_record, served_record
 from gateway.serving.commands import Generate, Principal, RequestMeta
-from gateway.serving.decisions import PolicyService
-from gateway.serving.errors import GatewayError, invalid
-from gateway.serving.models import ModelPool
+from gateway.serving.decisions import Plan, PolicyService
+from gateway.serving.errors import STATUS_OF_KIND, GatewayError, invalid
+from gateway.serving.models import DraftHandle, ModelPool
 from gateway.serving.outcome import Outcome
-from gateway.serving.ratelimit import Quota, RateLimiter
+from gateway.serving.prepare import Prepared, prepare
+from gateway.serving.ratelimit import Quota, RateLimiter, Ticket
 from gateway.serving.recorder import Recorder
-from gateway.serving.worker import InferenceWorker, Overloaded
-from policies import RequestFeatures
-
-DEFAULT_MAX_TOKENS = {"completions": 16, "chat.completions": 256}
+from gateway.serving.rollouts import RolloutTraffic
+from gateway.serving.worker import InferenceWorker, Job, Overloaded
+from policies import Decision
 
 
 @dataclass
 class Generation:
-    """A started request: decision made, engine run queued."""
+    """A started request: decision made, engine run queued on the inference worker."""
 
     meta: RequestMeta
     principal: Principal
     command: Generate
-    prompt_text: str
-    prompt_ids: tuple[int, ...]
-    max_tokens: int
-    decision: Any
+    prepared: Prepared
+    plan: Plan
     quota: Quota
-    draft_label: str | None
-    _events: AsyncIterator[Any]
-    _finish: Callable[[Generation, Outcome], Any]
-    _cancel: Callable[[], None]
-    _detach: Callable[[Any], None]
-    grammar: Grammar | None = None
-    schema: dict[str, Any] | None = None
+    ticket: Ticket
+    draft: DraftHandle | None
+    job: Job
+    service: GenerationService
     result: DecodeResult | None = None
     first_token_at: float | None = None
     finished: bool = False
     text_parts: list[str] = field(default_factory=list)
 
     @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        return self.prepared.prompt_ids
+
+    @property
+    def decision(self) -> Decision:
+        return self.plan.decision
+
+    @property
     def mode(self) -> str:
-        return str(self.decision.mode)
+        return str(self.plan.decision.mode)
+
+    @property
+    def draft_label(self) -> str | None:
+        return f"{self.draft.entry.name}@{self.draft.entry.version}" if self.draft else None
 
     def headers(self) -> dict[str, str]:
         h = {
             "x-request-id": self.meta.request_id,
-            "x-decision-id": self.decision.decision_id,
+            "x-decision-id": self.plan.decision.decision_id,
             "x-decoding-mode": self.mode,
         }
         if self.draft_label:
@@ -83,7 +80,7 @@ class Generation:
     async def deltas(self) -> AsyncIterator[Delta]:
         """The engine's text deltas; afterwards ``result`` holds the final result."""
         try:
-            async for event in self._events:
+            async for event in self.service.worker.events(self.job):
                 if isinstance(event, Finished):
                     self._check_constraint(event.result)
                     self.result = event.result
@@ -98,10 +95,11 @@ class Generation:
     def _check_constraint(self, result: DecodeResult) -> None:
         """A grammar-complete output must validate before it is returned (defence in depth:
         the mask already guarantees it). Cut short (length, stop string): no claim is made."""
-        if self.grammar is None or not self.grammar.is_complete():
+        grammar = self.prepared.grammar
+        if grammar is None or not grammar.is_complete():
             return
         try:
-            validate_output(result.text, self.schema)
+            validate_output(result.text, self.prepared.schema)
         except ConstraintError as exc:
             raise GatewayError(
                 "internal",
@@ -117,18 +115,18 @@ class Generation:
 
     def cancel(self) -> None:
         """Stop the engine run at its next step (client gone, or an error)."""
-        self._cancel()
+        self.job.cancelled.set()
 
     def finish_detached(self, status: int) -> None:
         """finish() from a cancelled context (client disconnect): runs in the background."""
         if not self.finished:
-            self._detach(self.finish(status))
+            self.service.recorder.detach(self.finish(status))
 
     async def finish(self, status: int = 200, error: GatewayError | None = None) -> None:
         """Write the audit record (durable on return). Call exactly once."""
         if not self.finished:
             self.finished = True
-            await self._finish(self, Outcome(status=status, error=error))
+            await self.service.finish(self, Outcome(status=status, error=error))
 
 
 class GenerationService:
@@ -137,70 +135,73 @@ class GenerationService:
         *,
         pool: ModelPool,
         worker: InferenceWorker,
-        decider: PolicyService,
+        policy: PolicyService,
+        traffic: RolloutTraffic,
         limiter: RateLimiter,
         recorder: Recorder,
     ) -> None:
         self.pool = pool
         self.worker = worker
-        self.decider = decider
+        self.policy = policy
+        self.traffic = traffic
         self.limiter = limiter
         self.recorder = recorder
 
     async def start(self, principal: Principal, meta: RequestMeta, cmd: Generate) -> Generation:
+        tenant = self._authorize(principal)  # 1. a tenant key; the audit store writable
+        prepared = await prepare(self.pool, cmd)  # 2. prompt, budget, grammar, features
+        preferred = self.traffic.choose(  # 3. the rollout's draft version, if any
+            cmd.model, meta.request_id, tenant, self.policy.allows_draft_version(tenant)
+        )
+        plan = self.policy.decide(  # 4. mode, proposer, draft version, k, limits
+            tenant, prepared.features, self.pool.draft_versions(prepared.entry.name),
+            preferred, self.worker.depth, self.worker.capacity,
+        )  # fmt: skip
+        quota, ticket = self._admit(tenant, plan, prepared)  # 5. the tenant's rate limits
+        draft, job = await self._run(cmd, prepared, plan, ticket)  # 6. queue the engine run
+        return Generation(meta, principal, cmd, prepared, plan, quota, ticket, draft, job, self)
+
+    async def finish(self, gen: Generation, outcome: Outcome) -> None:
+        """7. The one way back, in order: limits, audit record, rollout guard, history."""
+        result = gen.result
+        self.limiter.settle(
+            gen.ticket, len(gen.prompt_ids) + (len(result.token_ids) if result else 0)
+        )
+        completion = "".join(gen.text_parts)
+        record = served_record(
+            meta=gen.meta, principal=gen.principal, cmd=gen.command, status=outcome.status,
+            error=outcome.error, decision=gen.plan.decision, target=gen.prepared.entry,
+            draft=gen.draft.entry if gen.draft else None, prompt_text=gen.prepared.prompt_text,
+            prompt_tokens=len(gen.prompt_ids), result=result, completion_text=completion,
+            first_token_at=gen.first_token_at,
+        )  # fmt: skip
+        payload = None
+        if gen.plan.retention_days > 0:
+            payload = Payload(gen.prepared.prompt_text, completion, gen.plan.retention_days)
+        await self.recorder.record(record, payload, result)  # raises when fail-closed
+        self.traffic.observe(record, result)
+        self.recorder.detach(self.policy.observe(gen.plan, result))
+
+    async def refuse(
+        self, principal: Principal | None, meta: RequestMeta, cmd: Generate | None,
+        error: GatewayError,
+    ) -> None:  # fmt: skip
+        """The audit record of a request refused before it ran (the client gets `error`
+        whether or not this write succeeds)."""
+        record = refused_record(meta, principal, cmd, STATUS_OF_KIND[error.kind], error)
+        await self.recorder.record(record, None, None, best_effort=True)
+
+    # -- the steps ------------------------------------------------------------------------
+
+    def _authorize(self, principal: Principal) -> str:
         if principal.role != "tenant" or principal.tenant_id is None:
             raise GatewayError("permission", "inference needs a tenant key", code="forbidden")
         self.recorder.check_writable()
-        entry, engine = await self.pool.target(cmd.model)
-        prompt_text, prompt_ids = tokenize(engine.tokenizer, cmd)
-        budget = engine.context_length - len(prompt_ids)
-        if not prompt_ids:
-            raise invalid("the prompt is empty", param="messages" if cmd.messages else "prompt")
-        if budget < 1:
-            raise GatewayError(
-                "context_length",
-                f"This model's maximum context length is {engine.context_length} tokens; "
-                f"the prompt has {len(prompt_ids)} tokens.",
-                param="messages" if cmd.messages else "prompt",
-                code="context_length_exceeded",
-            )
-        max_tokens = cmd.max_tokens or min(DEFAULT_MAX_TOKENS[cmd.endpoint], budget)
-        if max_tokens > budget:
-            raise GatewayError(
-                "context_length",
-                f"max_tokens ({max_tokens}) plus the prompt ({len(prompt_ids)} tokens) "
-                f"exceeds the model's context length of {engine.context_length} tokens.",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        vocab = engine.target.vocab_size
-        for token_id, _ in cmd.logit_bias:
-            if not 0 <= token_id < vocab:
-                raise invalid(
-                    f"logit_bias token id {token_id} is not in [0, {vocab})", "logit_bias"
-                )
+        return principal.tenant_id
 
-        grammar, schema = await self._grammar(cmd, engine)
-        o = cmd.decoding
-        features = RequestFeatures(
-            endpoint=cmd.endpoint,
-            model=cmd.model,
-            requested_mode=o.mode if o else None,
-            requested_proposer=o.proposer if o else None,
-            requested_k=o.k if o else None,
-            max_tokens=max_tokens,
-            temperature=cmd.temperature,
-            top_p=cmd.top_p,
-            seed=cmd.seed,
-            has_prediction=cmd.prediction is not None,
-            constraint=cmd.constraint,
-            prompt_tokens=len(prompt_ids),
-        )
-        tenant = principal.tenant_id
-        plan = await self.decider.decide(
-            tenant, meta.request_id, features, self.pool.draft_versions(entry.name), self.worker
-        )
-        quota, ticket = self.limiter.admit(tenant, plan.limits, len(prompt_ids) + max_tokens)
+    def _admit(self, tenant: str, plan: Plan, prepared: Prepared) -> tuple[Quota, Ticket]:
+        budget = len(prepared.prompt_ids) + prepared.max_tokens
+        quota, ticket = self.limiter.admit(tenant, plan.limits, budget)
         if not quota.allowed:
             raise GatewayError(
                 "rate_limited",
@@ -209,102 +210,50 @@ class GenerationService:
                 code="rate_limit_exceeded",
                 retry_after=quota.retry_after_s,
             )
-        draft_handle = None
+        return quota, ticket
+
+    async def _run(
+        self, cmd: Generate, prepared: Prepared, plan: Plan, ticket: Ticket
+    ) -> tuple[DraftHandle | None, Job]:
         decision = plan.decision
-        if decision.mode == "speculative" and decision.proposer == "draft":
-            draft_handle = await self.pool.draft(entry.name, decision.draft_version)
-        sampling = SamplingParams(
-            temperature=cmd.temperature,
-            top_p=cmd.top_p,
-            top_k=cmd.top_k,
-            max_tokens=max_tokens,
-            stop=cmd.stop,
-            seed=cmd.seed,
-            logprobs=cmd.logprobs,
-            top_logprobs=cmd.top_logprobs,
-            logit_bias=cmd.logit_bias,
-            allowed_token_ids=plan.allowed_token_ids,
-            banned_token_ids=plan.banned_token_ids,
-        )
-        request = DecodeRequest(
-            prompt_ids=prompt_ids,
-            sampling=sampling,
-            mode=decision.mode,
-            proposer=decision.proposer if decision.mode == "speculative" else None,
-            k_min=decision.k_min,
-            k_max=decision.k_max,
-            prediction=cmd.prediction,
-            grammar=grammar,
-        )
-        draft_model = draft_handle.model if draft_handle else None
+        speculative = decision.mode == "speculative"
+        draft = None
         try:
-            job = self.worker.submit(
-                lambda cancelled: engine.stream(request, draft_model, cancelled)
+            if speculative and decision.proposer == "draft":
+                assert decision.draft_version is not None
+                draft = await self.pool.draft(prepared.entry.name, decision.draft_version)
+            request = DecodeRequest(
+                prompt_ids=prepared.prompt_ids,
+                sampling=replace(
+                    cmd.sampling,
+                    max_tokens=prepared.max_tokens,
+                    allowed_token_ids=plan.allowed_token_ids,
+                    banned_token_ids=plan.banned_token_ids,
+                ),
+                mode="speculative" if speculative else "standard",
+                proposer=decision.proposer if speculative else None,  # type: ignore[arg-type]
+                k_min=decision.k_min,
+                k_max=decision.k_max,
+                prediction=cmd.prediction,
+                grammar=prepared.grammar,
+                k_prior=_k_prior(plan),
             )
+            engine, model = prepared.engine, draft.model if draft else None
+            job = self.worker.submit(lambda cancelled: engine.stream(request, model, cancelled))
         except Overloaded as exc:
             self.limiter.settle(ticket, 0)
             raise GatewayError(
                 "overloaded", str(exc), code="overloaded", retry_after=exc.retry_after
             ) from exc
-
-        async def finish(gen: Generation, outcome: Outcome) -> None:
-            used = len(prompt_ids) + (len(gen.result.token_ids) if gen.result else 0)
-            self.limiter.settle(ticket, used)
-            await self.recorder.served(gen, entry, draft_handle, plan, outcome)
-
-        draft_label = None
-        if draft_handle is not None:
-            draft_label = f"{draft_handle.entry.name}@{draft_handle.entry.version}"
-        return Generation(
-            meta=meta,
-            principal=principal,
-            command=cmd,
-            prompt_text=prompt_text,
-            prompt_ids=prompt_ids,
-            max_tokens=max_tokens,
-            decision=decision,
-            quota=quota,
-            draft_label=draft_label,
-            _events=self.worker.events(job),
-            grammar=grammar,
-            schema=schema,
-            _finish=finish,
-            _cancel=job.cancelled.set,
-            _detach=self.recorder.detach,
-        )
-
-    async def _grammar(
-        self, cmd: Generate, engine: Any
-    ) -> tuple[Grammar | None, dict[str, Any] | None]:
-        """response_format -> a fresh per-request grammar (compiled grammars are cached per
-        schema hash); a bad schema or an unenforceable keyword is a 400 naming it."""
-        rf = cmd.response_format
-        if rf is None:
-            return None, None
-        schema = rf["json_schema"]["schema"] if rf["type"] == "json_schema" else None
-        try:
-            compiled = await asyncio.to_thread(
-                compile_json_grammar, engine.tokenizer, schema, engine.target.vocab_size
-            )
-        except ConstraintError as exc:
-            raise invalid(str(exc), "response_format") from None
-        return compiled.new(), schema
+        except BaseException:
+            self.limiter.settle(ticket, 0)
+            raise
+        return draft, job
 
 
-def tokenize(tokenizer: Any, cmd: Generate) -> tuple[str, tuple[int, ...]]:
-    """The prompt as text (hashed into the audit record) and as token ids."""
-    if cmd.messages is not None:
-        try:
-            text = tokenizer.apply_chat_template(
-                list(cmd.messages), tokenize=False, add_generation_prompt=True
-            )
-        except Exception as exc:  # jinja errors name the template problem
-            raise invalid(f"cannot apply the chat template: {exc}", "messages") from exc
-        return text, tuple(tokenizer.encode(text, add_special_tokens=False))
-    if isinstance(cmd.prompt, tuple):
-        vocab = len(tokenizer)
-        if any(not 0 <= t < vocab for t in cmd.prompt):
-            raise invalid(f"prompt token ids must be in [0, {vocab})", "prompt")
-        return tokenizer.decode(list(cmd.prompt)), cmd.prompt
-    text = cmd.prompt or ""
-    return text, tuple(tokenizer.encode(text, add_special_tokens=False))
+def _k_prior(plan: Plan) -> KPrior | None:
+    """The decision's acceptance and c: where the engine's k policy starts."""
+    d = plan.decision
+    if d.acceptance is None or d.c is None:
+        return None
+    return KPrior(acceptance=d.acceptance, c=d.c)

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 WINDOW_S = 60.0
 
 
+Ticket = list[float] | None
+"""What admit() charged, for settle() to correct (None: nothing charged)."""
+
+
 @dataclass(frozen=True)
 class Limits:
     requests_per_minute: int
@@ -53,7 +57,7 @@ class RateLimiter:
         self._lock = threading.Lock()
         self._now = time.monotonic
 
-    def admit(self, tenant: str, limits: Limits, tokens: int) -> tuple[Quota, list[float] | None]:
+    def admit(self, tenant: str, limits: Limits, tokens: int) -> tuple[Quota, Ticket]:
         """Charge one request and ``tokens``; returns the quota and a ticket for settle()."""
         now = self._now()
         with self._lock:
@@ -86,7 +90,7 @@ class RateLimiter:
             )
             return quota, ticket
 
-    def settle(self, ticket: list[float] | None, tokens_used: int) -> None:
+    def settle(self, ticket: Ticket, tokens_used: int) -> None:
         if ticket is not None:
             with self._lock:
                 ticket[1] = float(tokens_used)

@@ -1,7 +1,8 @@
-"""Writes each request's audit record (fail-closed), then feeds history and metrics.
+"""Writes each request's audit record (fail-closed), then tells the listeners.
 
-The record is awaited: a completion is only returned after its record is durable. The
-acceptance-history update and metric listeners run afterwards and off the critical path.
+The record is awaited: a completion is only returned after its record is durable. Metrics
+and logs listen; the rollout guard and the acceptance history are fed by the generation
+service's finish, in that order, after the write.
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gateway.audit import AuditUnavailable, AuditWriter, Payload, RequestRecord
-from gateway.serving.audit_map import refused_record, served_record
-from gateway.serving.commands import Generate, Principal, RequestMeta
-from gateway.serving.errors import STATUS_OF_KIND, GatewayError
-from gateway.serving.outcome import Outcome
+from gateway.engine import DecodeResult
+from gateway.serving.errors import GatewayError
 
 log = logging.getLogger("gateway.audit")
 RETRY_AFTER_FAILURE_S = 2.0
 
-Listener = Callable[[RequestRecord, Any], None]
+Listener = Callable[[RequestRecord, DecodeResult | None], None]
 
 
 class Recorder:
@@ -30,7 +29,6 @@ class Recorder:
         self.writer = writer
         self.fail_closed = fail_closed
         self.listeners: list[Listener] = []
-        self.after_served: list[Callable[[Any, Any], Coroutine[Any, Any, None]]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._failed_at: float | None = None
 
@@ -63,44 +61,25 @@ class Recorder:
                     retry_after=int(RETRY_AFTER_FAILURE_S),
                 ) from exc
 
-    async def served(self, gen: Any, target: Any, draft: Any, plan: Any, outcome: Outcome) -> None:
-        completion = "".join(gen.text_parts)
-        record = served_record(
-            meta=gen.meta,
-            principal=gen.principal,
-            cmd=gen.command,
-            status=outcome.status,
-            error=outcome.error,
-            decision=gen.decision,
-            target=target,
-            draft=draft.entry if draft else None,
-            prompt_text=gen.prompt_text,
-            prompt_tokens=len(gen.prompt_ids),
-            result=gen.result,
-            completion_text=completion,
-            first_token_at=gen.first_token_at,
-        )
-        payload = None
-        if plan.retention_days > 0:
-            payload = Payload(gen.prompt_text, completion, plan.retention_days)
-        await self._write(record, payload)
-        for listener in self.listeners:
-            listener(record, gen.result)
-        for hook in self.after_served:
-            self.detach(hook(gen, plan))
-
-    async def refused(
+    async def record(
         self,
-        principal: Principal | None,
-        meta: RequestMeta,
-        cmd: Generate | None,
-        error: GatewayError,
+        record: RequestRecord,
+        payload: Payload | None,
+        result: DecodeResult | None,
+        *,
+        best_effort: bool = False,
     ) -> None:
-        record = refused_record(meta, principal, cmd, STATUS_OF_KIND[error.kind], error)
-        with contextlib.suppress(GatewayError):  # the client gets its original error
-            await self._write(record, None)
+        """The one entrance, for served and refused requests alike: write the record
+        (durable on return), then tell the listeners (metrics, logs). A failed write raises
+        GatewayError when fail-closed, unless `best_effort` (a refusal: the client gets its
+        original error)."""
+        if best_effort:
+            with contextlib.suppress(GatewayError):
+                await self._write(record, payload)
+        else:
+            await self._write(record, payload)
         for listener in self.listeners:
-            listener(record, None)
+            listener(record, result)
 
     def detach(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` in the background; drain() waits for it at shutdown."""

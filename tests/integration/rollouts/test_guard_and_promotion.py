@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.serving.rollouts import RolloutService
+from gateway.serving.rollouts import RolloutAdmin
 from models_registry.regression import RegressionResult, gate, load_regression_set
 from tests.integration.rollouts.conftest import (
     DRAFT,
@@ -93,7 +93,7 @@ async def test_register_then_promote_a_good_draft(
     ro_view = (await admin(gw, "GET", f"/admin/rollouts/{ro['id']}")).json()
     assert ro_view["canary"]["requests"] + ro_view["baseline"]["requests"] == len(PROMPTS)
 
-    svc: RolloutService = gw.services.rollouts
+    svc: RolloutAdmin = gw.services.rollouts
     real = svc.run_regression
 
     async def mismatching(target: str, draft: object) -> object:
@@ -114,7 +114,7 @@ async def test_register_then_promote_a_good_draft(
     assert promoted["gate"]["passed"] is True
     assert promoted["gate"]["checked"] == len(load_regression_set())
     assert (DRAFT, "3") in gw.services.pool.loaded_drafts()
-    assert gw.services.rollouts.choose(TARGET, "any", "t", lambda v: True) == "3"
+    assert gw.services.traffic.choose(TARGET, "any", "t", lambda v: True) == "3"
 
     later = [await speculative(gw, f"{p} # later") for p in PROMPTS]
     assert {version_of(x) for x in later} == {"3"}

@@ -35,11 +35,11 @@ async def test_restart_mid_rollout_keeps_state_split_and_registered_versions(
         }
         assert (await admin(gw, "POST", "/admin/models", body)).status_code == 201
         ro = await start(gw, "4", 50, guard={"min_samples": 500})
-        before = [gw.services.rollouts.choose(TARGET, i, "t", anyone) for i in ids]
+        before = [gw.services.traffic.choose(TARGET, i, "t", anyone) for i in ids]
         assert set(before) == {"1", "4"}
 
     async with running_gateway(tiny_manifest, url, tmp_path, tenant="tenant-b") as gw:
-        svc = gw.services.rollouts
+        svc = gw.services.traffic
         assert "4" in gw.services.pool.draft_versions(TARGET)  # manifest rebuilt from the DB
         models = {
             (m["name"], m["version"]): m["status"]

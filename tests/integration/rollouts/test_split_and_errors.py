@@ -1,4 +1,4 @@
-"""Traffic split through RolloutService.choose, and the admin API's error answers."""
+"""Traffic split through RolloutTraffic.choose, and the admin API's error answers."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def anyone(_: str) -> bool:
 
 
 async def test_split_is_proportional_deterministic_and_respects_tenant_policy(gw: Gateway) -> None:
-    svc = gw.services.rollouts
+    svc = gw.services.traffic
     assert svc.choose(TARGET, "r", "t", anyone) is None  # no rollout: the policy decides
     r = await start(gw, "2", 30)
     assert (r["state"], r["version"], r["baseline_version"]) == ("canary", "2", "1")

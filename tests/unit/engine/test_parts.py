@@ -7,9 +7,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from gateway.costmodel import best_k, expected_tokens
+from gateway.costmodel import expected_speedup as speedup
 from gateway.engine import crop_cache
 from gateway.engine.detok import IncrementalDetokenizer, TextOutput
-from gateway.engine.kpolicy import KPolicy, best_k, expected_tokens, speedup
+from gateway.engine.kpolicy import KPolicy
 from gateway.engine.proposers import PredictionProposer, PromptLookupProposer
 
 # -- KV cache ------------------------------------------------------------------------------
@@ -95,10 +97,10 @@ def test_expected_tokens_and_speedup() -> None:
 
 
 def test_best_k_follows_the_cost_model() -> None:
-    assert best_k(0.99, 0.0, 1, 8) == 8  # free drafts: as long as allowed
-    assert best_k(0.1, 0.5, 1, 8) == 1  # poor acceptance, costly draft: shortest
+    assert best_k(0.99, 0.0, 1, 8)[0] == 8  # free drafts: as long as allowed
+    assert best_k(0.1, 0.5, 1, 8)[0] == 1  # poor acceptance, costly draft: shortest
     a, c = 0.8, 0.1
-    k = best_k(a, c, 1, 16)
+    k = best_k(a, c, 1, 16)[0]
     assert all(speedup(a, k, c) >= speedup(a, j, c) for j in range(1, 17))
     assert 2 <= k <= 8
 
