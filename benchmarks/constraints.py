@@ -64,7 +64,7 @@ PROMPTS = [
 def load_pair() -> tuple[LoadedModel, LoadedModel, str]:
     """(target, draft v2, source): the engine benchmark's pair (random stand-ins if the demo
     models are missing)."""
-    from benchmarks.engine import load_pair as engine_pair
+    from benchmarks._pairs import load_pair as engine_pair
 
     pair = engine_pair()
     return pair.target, pair.drafts["v2"], pair.source

@@ -20,7 +20,7 @@ from gateway.engine.proposers.draft_model import DraftModelProposer
 from gateway.engine.proposers.prediction import PredictionProposer
 from gateway.engine.proposers.prompt_lookup import PromptLookupProposer
 from gateway.engine.sampling import LogitsShaper
-from gateway.engine.schema import DecodeRequest, DecodeResult, Delta, Finished, SamplingParams
+from gateway.engine.schema import DecodeRequest, DecodeResult, Delta, Finished
 from gateway.engine.stats import DecodeStats
 from gateway.limits import MAX_K, MAX_TOP_LOGPROBS
 
@@ -71,7 +71,7 @@ class Engine:
         t = self._target
         sp = req.sampling
         self._validate(req)
-        shaper = self._shaper(sp, t.vocab_size, t.device)
+        shaper = LogitsShaper.from_params(sp, t.vocab_size, t.device)
         seed = sp.seed if sp.seed is not None else secrets.randbits(63)
         generator = torch.Generator(device=t.device).manual_seed(seed)
         stats = DecodeStats(mode=req.mode)
@@ -86,7 +86,7 @@ class Engine:
                 if draft is None:
                     raise InvalidRequest("speculative decoding with proposer 'draft' needs a draft")
                 self._check_draft(draft)
-                d_shaper = self._shaper(sp, draft.vocab_size, draft.device)
+                d_shaper = LogitsShaper.from_params(sp, draft.vocab_size, draft.device)
                 proposer = DraftModelProposer(
                     draft,
                     d_shaper,
@@ -136,19 +136,6 @@ class Engine:
         prior = min(max(req.k_prior.acceptance, 0.0), 1.0)
         c = req.k_prior.c if req.k_prior.c > 0 else static
         return KPolicy(req.k_min, req.k_max, prior=prior, c=c)
-
-    @staticmethod
-    def _shaper(sp: SamplingParams, vocab_size: int, device: torch.device) -> LogitsShaper:
-        return LogitsShaper.build(
-            vocab_size,
-            device,
-            sp.temperature,
-            sp.top_p,
-            sp.top_k,
-            sp.logit_bias,
-            sp.allowed_token_ids,
-            sp.banned_token_ids,
-        )
 
     def _check_draft(self, draft: LoadedModel) -> None:
         if self._checked_drafts.get(id(draft)) is draft:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gateway.engine.schema import SamplingParams
+
 NEG_INF = float("-inf")
 
 
@@ -75,6 +77,14 @@ class LogitsShaper:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @staticmethod
+    def from_params(sp: SamplingParams, vocab_size: int, device: torch.device) -> LogitsShaper:
+        """The shaper a request's sampling parameters ask for, on a vocabulary."""
+        return LogitsShaper.build(
+            vocab_size, device, sp.temperature, sp.top_p, sp.top_k, sp.logit_bias,
+            sp.allowed_token_ids, sp.banned_token_ids,
+        )  # fmt: skip
 
     @staticmethod
     def build(
