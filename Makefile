@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy gateway/engine gateway/audit gateway/serving gateway/costmodel.py gateway/limits.py \
+	$(BIN)/mypy gateway/engine gateway/database gateway/serving gateway/costmodel.py gateway/limits.py \
 		policies models_registry
 
 format: $(STAMP)

@@ -29,7 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from gateway.audit import AuditStore, AuditWriter, RequestRecord
+from gateway.database import AuditWriter, Database, RequestRecord
 
 DEFAULT_PG = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 
@@ -48,7 +48,7 @@ def _record(i: int) -> RequestRecord:
 
 
 async def _scenario(url: str, writers: int, total: int) -> dict[str, Any]:
-    store = await AuditStore.connect(url)
+    store = await Database.connect(url)
     writer = AuditWriter(store, max_batch=64, max_delay_ms=5)
     await writer.start()
     latencies: list[float] = []
@@ -78,11 +78,11 @@ async def _scenario(url: str, writers: int, total: int) -> dict[str, Any]:
 
 
 async def _backend(url: str, sizes: dict[int, int]) -> dict[str, Any]:
-    await (await AuditStore.connect(url, upgrade=True)).close()
+    await (await Database.connect(url, upgrade=True)).close()
     out: dict[str, Any] = {}
     for writers, total in sizes.items():
         out[f"writers_{writers}"] = await _scenario(url, writers, total)
-    verify = await (store := await AuditStore.connect(url)).verify()
+    verify = await (store := await Database.connect(url)).verify()
     await store.close()
     out["chain_ok"] = verify["ok"] and verify["checked"] == sum(sizes.values())
     return out

@@ -1,1 +1,1 @@
-"""Alembic migrations of the gateway database (metadata: gateway.audit.models)."""
+"""Alembic migrations of the gateway database (metadata: gateway.database.tables)."""

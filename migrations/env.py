@@ -1,6 +1,6 @@
-"""Alembic environment: gateway.audit.models metadata only, async engines.
+"""Alembic environment: gateway.database.tables metadata only, async engines.
 
-URL precedence: a connection handed in by ``gateway.audit.migrate`` (config.attributes),
+URL precedence: a connection handed in by ``gateway.database.migrate`` (config.attributes),
 ``alembic -x url=...``, env ``GATEWAY_DATABASE_URL``, ``sqlalchemy.url`` set programmatically,
 else ``sqlite+aiosqlite:///var/gateway.db``.
 """
@@ -13,8 +13,8 @@ import os
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from gateway.audit.base import make_engine
-from gateway.audit.models import Base
+from gateway.database.base import make_engine
+from gateway.database.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -9,7 +9,7 @@ from typing import Any
 from litestar import Request, get
 from litestar.response import Stream
 
-from gateway.audit import RecordFilter
+from gateway.database import RecordFilter
 from gateway.serving import Services
 from gateway.serving.commands import Principal
 from gateway.serving.errors import GatewayError, invalid

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.audit import AuditStore, AuditWriter
+from gateway.database import AuditWriter, Database
 from gateway.engine import init_torch_thread
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
@@ -26,7 +26,7 @@ log = logging.getLogger("gateway")
 @dataclass
 class Services:
     settings: Settings
-    store: AuditStore
+    store: Database
     writer: AuditWriter
     pool: ModelPool
     worker: InferenceWorker
@@ -61,7 +61,7 @@ class Services:
 
 async def build_services(settings: Settings) -> Services:
     Path(settings.var_dir).mkdir(parents=True, exist_ok=True)
-    store = await AuditStore.connect(settings.database_url, upgrade=settings.migrate_on_start)
+    store = await Database.connect(settings.database_url, upgrade=settings.migrate_on_start)
     writer = AuditWriter(store)
     await writer.start()
     # The worker's thread is the only one that touches torch: it loads the models too.

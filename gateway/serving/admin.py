@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gateway.audit import AuditStore, TenantExists
+from gateway.database import Database, TenantExists
 from gateway.serving.errors import GatewayError, invalid
 
 TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
 class AdminService:
-    def __init__(self, store: AuditStore) -> None:
+    def __init__(self, store: Database) -> None:
         self.store = store
 
     async def create_tenant(

@@ -10,8 +10,8 @@ import json
 import time
 from typing import Any
 
-from gateway.audit import RequestRecord
-from gateway.audit import sha256_text as _sha
+from gateway.database import RequestRecord
+from gateway.database import sha256_text as _sha
 from gateway.engine import DecodeResult
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.errors import GatewayError

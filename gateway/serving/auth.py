@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from gateway.audit import AuditStore
-from gateway.audit import sha256_text as _sha
+from gateway.database import Database
+from gateway.database import sha256_text as _sha
 from gateway.serving.commands import Principal
 from gateway.serving.errors import GatewayError
 
@@ -39,7 +39,7 @@ def bootstrap_admin_hash(admin_key: str | None, var_dir: str) -> str:
 
 
 class Authenticator:
-    def __init__(self, store: AuditStore, admin_hash: str) -> None:
+    def __init__(self, store: Database, admin_hash: str) -> None:
         self.store = store
         self.admin_hash = admin_hash
 

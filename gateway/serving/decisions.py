@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.audit import AdminEvent, AuditStore
+from gateway.database import AdminEvent, Database
 from gateway.engine import DecodeResult
 from gateway.serving.errors import invalid
 from gateway.serving.ratelimit import Limits
@@ -62,7 +62,7 @@ DraftChooser = Callable[[str, str, str, Callable[[str], bool]], str | None]
 class PolicyService:
     def __init__(
         self,
-        store: AuditStore,
+        store: Database,
         policy_dir: str,
         defaults: Limits,
         choose_draft: DraftChooser | None = None,

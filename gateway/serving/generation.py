@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-from gateway.audit import Payload
+from gateway.database import Payload
 from gateway.engine import DecodeRequest, DecodeResult, Delta, EngineError, Finished, KPrior
 from gateway.engine.constraints.json_schema import ConstraintError, validate_output
 from gateway.serving.audit_map import refused_record, served_record

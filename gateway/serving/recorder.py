@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from gateway.audit import AuditUnavailable, AuditWriter, Payload, RequestRecord
+from gateway.database import AuditUnavailable, AuditWriter, Payload, RequestRecord
 from gateway.engine import DecodeResult
 from gateway.serving.errors import GatewayError
 
-log = logging.getLogger("gateway.audit")
+log = logging.getLogger("gateway.database")
 RETRY_AFTER_FAILURE_S = 2.0
 
 Listener = Callable[[RequestRecord, DecodeResult | None], None]

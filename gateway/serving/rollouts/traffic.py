@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.audit import RequestRecord
+from gateway.database import RequestRecord
 from gateway.engine import DecodeResult
 from gateway.serving.rollouts.view import RolloutView
 from models_registry import rollout as rl

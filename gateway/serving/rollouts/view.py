@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from gateway.audit import AuditStore
+from gateway.database import Database
 from gateway.serving.models import ModelPool
 from models_registry.errors import RegistryError
 from models_registry.manifest import ModelEntry
@@ -32,7 +32,7 @@ def rollout_of(row: dict[str, Any]) -> Rollout:
 
 
 class RolloutView:
-    def __init__(self, store: AuditStore, pool: ModelPool, detach: Detach) -> None:
+    def __init__(self, store: Database, pool: ModelPool, detach: Detach) -> None:
         self.store = store
         self.pool = pool
         self.detach = detach

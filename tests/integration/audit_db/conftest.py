@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.audit import AuditStore, RequestRecord
+from gateway.database import Database, RequestRecord
 from tests.pg import fresh_database
 
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
@@ -25,8 +25,8 @@ async def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator
 
 
 @pytest.fixture
-async def store(db_url: str) -> AsyncIterator[AuditStore]:
-    s = await AuditStore.connect(db_url, upgrade=True)
+async def store(db_url: str) -> AsyncIterator[Database]:
+    s = await Database.connect(db_url, upgrade=True)
     yield s
     await s.close()
 

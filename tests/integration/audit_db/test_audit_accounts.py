@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from gateway.audit import AuditStore, KeyInfo, TenantExists
+from gateway.database import Database, KeyInfo, TenantExists
 
 
-async def test_tenants(store: AuditStore) -> None:
+async def test_tenants(store: Database) -> None:
     created = await store.create_tenant("acme", "Acme Corp", actor="ops")
     assert created["id"] == "acme"
     with pytest.raises(TenantExists):
@@ -21,7 +21,7 @@ async def test_tenants(store: AuditStore) -> None:
     assert [(e["action"], e["subject"]) for e in events] == [("tenant.created", "acme")]
 
 
-async def test_keys_store_only_the_hash_and_revoke(store: AuditStore) -> None:
+async def test_keys_store_only_the_hash_and_revoke(store: Database) -> None:
     await store.create_tenant("acme", "Acme")
     key_id, plaintext = await store.create_key("acme", "tenant", actor="ops")
     auditor_id, auditor_secret = await store.create_key(None, "auditor")
@@ -47,7 +47,7 @@ async def test_keys_store_only_the_hash_and_revoke(store: AuditStore) -> None:
     assert (await store.verify())["admin_events"]["ok"]
 
 
-async def test_policies_are_versioned_per_tenant(store: AuditStore) -> None:
+async def test_policies_are_versioned_per_tenant(store: Database) -> None:
     first = await store.put_policy("*", {"rules": [1]}, actor="ops")
     second = await store.put_policy("*", {"rules": [2]}, revision="rev-2", actor="ops")
     await store.put_policy("acme", {"rules": []})
@@ -62,7 +62,7 @@ async def test_policies_are_versioned_per_tenant(store: AuditStore) -> None:
     assert events[0]["after"] == {"version": 2, "revision": "rev-2"}
 
 
-async def test_acceptance_history_upserts(store: AuditStore) -> None:
+async def test_acceptance_history_upserts(store: Database) -> None:
     await store.put_acceptance("*", "draft", "1", ewma_acceptance=0.5, ewma_c=0.1, samples=3)
     await store.put_acceptance("*", "draft", "1", ewma_acceptance=0.6, ewma_c=0.2, samples=4)
     await store.put_acceptance(
@@ -75,7 +75,7 @@ async def test_acceptance_history_upserts(store: AuditStore) -> None:
     assert await store.get_acceptance("acme", "draft", "1") is None
 
 
-async def test_models_and_rollouts(store: AuditStore) -> None:
+async def test_models_and_rollouts(store: Database) -> None:
     await store.register_model("tgt", "1", role="target", path="/m/t", sha256="a" * 64, actor="ops")
     await store.register_model("drf", "2", role="draft", target="tgt", path="/m/d", sha256="b" * 64)
     assert [m["name"] for m in await store.list_models(role="draft")] == ["drf"]

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from gateway.audit import AuditStore, AuditUnavailable, AuditWriter, RecordFilter, RequestRecord
+from gateway.database import AuditUnavailable, AuditWriter, Database, RecordFilter, RequestRecord
 from tests.pg import admin_engine, fresh_database
 
 ROOT = Path(__file__).resolve().parents[3]
 PER_PROCESS = 300
 WORKER = """
 import asyncio, pathlib, sys, time
-from gateway.audit import AuditStore, AuditWriter, RequestRecord
+from gateway.database import Database, AuditWriter, RequestRecord
 
 async def main(url, tag, n, go):
-    store = await AuditStore.connect(url)
+    store = await Database.connect(url)
     writer = AuditWriter(store, max_batch=16)
     await writer.start()
     while not pathlib.Path(go).exists():
@@ -62,10 +62,10 @@ async def _two_writers(url: str, tmp_path: Path) -> None:
 
 
 async def test_two_processes_keep_one_valid_chain(db_url: str, tmp_path: Path) -> None:
-    setup = await AuditStore.connect(db_url, upgrade=True)
+    setup = await Database.connect(db_url, upgrade=True)
     await setup.close()
     await _two_writers(db_url, tmp_path)
-    store = await AuditStore.connect(db_url)
+    store = await Database.connect(db_url)
     try:
         report = await store.verify()
         assert report["ok"] and report["checked"] == 2 * PER_PROCESS
@@ -83,7 +83,7 @@ async def test_two_processes_keep_one_valid_chain(db_url: str, tmp_path: Path) -
 
 
 async def test_writer_batches_on_both_backends(
-    store: AuditStore, make_record: Callable[..., RequestRecord]
+    store: Database, make_record: Callable[..., RequestRecord]
 ) -> None:
     writer = AuditWriter(store, max_batch=32)
     await writer.start()
@@ -103,7 +103,7 @@ async def test_dropped_postgres_database_fails_closed(
     make_record: Callable[..., RequestRecord],
 ) -> None:
     async with fresh_database("gone") as url:
-        store = await AuditStore.connect(url, upgrade=True)
+        store = await Database.connect(url, upgrade=True)
         writer = AuditWriter(store)
         await writer.start()
         assert await writer.write(make_record(0)) >= 1

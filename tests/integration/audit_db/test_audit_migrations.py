@@ -13,9 +13,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
-from gateway.audit.base import make_engine
-from gateway.audit.migrate import downgrade_to_base_async, upgrade_to_head, upgrade_to_head_async
-from gateway.audit.models import Base
+from gateway.database.base import make_engine
+from gateway.database.migrate import downgrade_to_base_async, upgrade_to_head, upgrade_to_head_async
+from gateway.database.tables import Base
 
 ROOT = Path(__file__).resolve().parents[3]
 TABLES = {

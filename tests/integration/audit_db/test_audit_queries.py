@@ -10,14 +10,14 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from gateway.audit import AuditStore, RecordFilter, RequestRecord
-from gateway.audit.chain import RECORD_FIELDS, link
+from gateway.database import Database, RecordFilter, RequestRecord
+from gateway.database.audit.chain import RECORD_FIELDS, link
 
 MakeRecord = Callable[..., RequestRecord]
 
 
 @pytest.fixture
-async def seeded(store: AuditStore, make_record: MakeRecord, t0: datetime) -> list[int]:
+async def seeded(store: Database, make_record: MakeRecord, t0: datetime) -> list[int]:
     """12 records: tenants acme/globex alternate; every third standard; one refused."""
     recs = []
     for i in range(12):
@@ -38,7 +38,7 @@ async def seeded(store: AuditStore, make_record: MakeRecord, t0: datetime) -> li
     return await store.append([(r, None) for r in recs])
 
 
-async def _all_pages(store: AuditStore, f: RecordFilter, limit: int, oldest: bool) -> list[int]:
+async def _all_pages(store: Database, f: RecordFilter, limit: int, oldest: bool) -> list[int]:
     seen, cursor = [], None
     while True:
         rows, cursor = await store.records(f, cursor, limit, oldest_first=oldest)
@@ -49,7 +49,7 @@ async def _all_pages(store: AuditStore, f: RecordFilter, limit: int, oldest: boo
 
 
 async def test_cursor_pagination_visits_each_record_once(
-    store: AuditStore, seeded: list[int]
+    store: Database, seeded: list[int]
 ) -> None:
     assert await _all_pages(store, RecordFilter(), 5, oldest=False) == seeded[::-1]
     assert await _all_pages(store, RecordFilter(), 5, oldest=True) == seeded
@@ -59,7 +59,7 @@ async def test_cursor_pagination_visits_each_record_once(
     assert len(rows) == 12 and cursor is None
 
 
-async def test_bad_cursors_are_rejected(store: AuditStore, seeded: list[int]) -> None:
+async def test_bad_cursors_are_rejected(store: Database, seeded: list[int]) -> None:
     _, cursor = await store.records(RecordFilter(), None, 2)
     assert cursor is not None
     with pytest.raises(ValueError, match="other order"):
@@ -68,7 +68,7 @@ async def test_bad_cursors_are_rejected(store: AuditStore, seeded: list[int]) ->
         await store.records(RecordFilter(), "not-a-cursor!", 2)
 
 
-async def test_filters(store: AuditStore, seeded: list[int], t0: datetime) -> None:
+async def test_filters(store: Database, seeded: list[int], t0: datetime) -> None:
     async def ids(**kw: object) -> list[int]:
         rows, _ = await store.records(RecordFilter(**kw), None, 100, oldest_first=True)  # type: ignore[arg-type]
         return [r["id"] for r in rows]
@@ -85,7 +85,7 @@ async def test_filters(store: AuditStore, seeded: list[int], t0: datetime) -> No
     assert await ids(draft_model="nope") == []
 
 
-async def test_record_is_scoped_to_the_callers_tenant(store: AuditStore, seeded: list[int]) -> None:
+async def test_record_is_scoped_to_the_callers_tenant(store: Database, seeded: list[int]) -> None:
     acme_id, globex_id = seeded[0], seeded[1]
     assert (await store.record(acme_id, tenant_id="acme")) is not None
     assert (await store.record(globex_id, tenant_id="acme")) is None
@@ -94,7 +94,7 @@ async def test_record_is_scoped_to_the_callers_tenant(store: AuditStore, seeded:
 
 
 async def test_export_jsonl_is_rehashable_and_csv_matches(
-    store: AuditStore, seeded: list[int]
+    store: Database, seeded: list[int]
 ) -> None:
     lines = [line async for line in store.export(RecordFilter(), "jsonl", page_size=5)]
     rows = [json.loads(line) for line in lines]
@@ -115,13 +115,13 @@ async def test_export_jsonl_is_rehashable_and_csv_matches(
     assert len(exported) == 12 and pages == [5, 10, 12]
 
 
-async def test_export_of_empty_store(store: AuditStore) -> None:
+async def test_export_of_empty_store(store: Database) -> None:
     assert [line async for line in store.export(RecordFilter(), "jsonl")] == []
     csv_lines = [line async for line in store.export(RecordFilter(), "csv")]
     assert len(csv_lines) == 1 and csv_lines[0].startswith("id,request_id")
 
 
-async def test_summary_numbers(store: AuditStore, seeded: list[int], t0: datetime) -> None:
+async def test_summary_numbers(store: Database, seeded: list[int], t0: datetime) -> None:
     rows = await store.summary(RecordFilter(tenant_id="acme"))
     by_key = {(r["day"], r["mode"], r["draft_version"]): r for r in rows}
     day = t0.strftime("%Y-%m-%d")

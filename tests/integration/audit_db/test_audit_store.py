@@ -9,13 +9,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from gateway.audit import AdminEvent, AuditStore, Payload, RequestRecord, sha256_text
-from gateway.audit.chain import RECORD_FIELDS, format_datetime
+from gateway.database import AdminEvent, Database, Payload, RequestRecord, sha256_text
+from gateway.database.audit.chain import RECORD_FIELDS, format_datetime
 
 MakeRecord = Callable[..., RequestRecord]
 
 
-async def _sql(store: AuditStore, *statements: str) -> None:
+async def _sql(store: Database, *statements: str) -> None:
     async with store.engine.connect() as conn:
         for stmt in statements:
             await conn.execute(text(stmt))
@@ -23,7 +23,7 @@ async def _sql(store: AuditStore, *statements: str) -> None:
 
 
 async def test_append_round_trips_every_field_and_chains(
-    store: AuditStore, make_record: MakeRecord
+    store: Database, make_record: MakeRecord
 ) -> None:
     recs = [make_record(i, reason_codes=[f"r{i}", "x"], temperature=1) for i in range(5)]
     ids = await store.append([(r, None) for r in recs])
@@ -47,13 +47,13 @@ async def test_append_round_trips_every_field_and_chains(
     assert report["ok"] and report["checked"] == 6 and report["first_broken"] is None
 
 
-async def test_empty_store_verifies(store: AuditStore) -> None:
+async def test_empty_store_verifies(store: Database) -> None:
     report = await store.verify()
     assert report == {**report, "ok": True, "checked": 0, "first_broken": None}
 
 
 async def test_payload_digests_are_filled_and_must_match(
-    store: AuditStore, make_record: MakeRecord, t0: datetime
+    store: Database, make_record: MakeRecord, t0: datetime
 ) -> None:
     (rid,) = await store.append([(make_record(), Payload("hello", "world", 7))])
     got = await store.record(rid)
@@ -64,9 +64,7 @@ async def test_payload_digests_are_filled_and_must_match(
         await store.append([(make_record(prompt_sha256="0" * 64), Payload("a", "b", 1))])
 
 
-async def test_payload_text_with_nul_round_trips(
-    store: AuditStore, make_record: MakeRecord
-) -> None:
+async def test_payload_text_with_nul_round_trips(store: Database, make_record: MakeRecord) -> None:
     """A model can emit byte 0; PostgreSQL text cannot hold it. The payload must still be
     written and read back exactly, with its digest valid."""
     prompt, completion = "a\x00b \u2400 c\u24000", "\x00\u2400\x00\u2400\u2400"
@@ -78,7 +76,7 @@ async def test_payload_text_with_nul_round_trips(
 
 
 async def test_tampered_field_names_first_broken_record(
-    store: AuditStore, make_record: MakeRecord
+    store: Database, make_record: MakeRecord
 ) -> None:
     ids = await store.append([(make_record(i), None) for i in range(6)])
     if store.is_sqlite:
@@ -99,7 +97,7 @@ async def test_tampered_field_names_first_broken_record(
 
 
 async def test_deleted_record_breaks_the_next_link(
-    store: AuditStore, make_record: MakeRecord
+    store: Database, make_record: MakeRecord
 ) -> None:
     if not store.is_sqlite:
         pytest.skip("PostgreSQL refuses DELETE (see test_triggers_refuse_changes)")
@@ -113,7 +111,7 @@ async def test_deleted_record_breaks_the_next_link(
     assert report["first_broken"] == ids[2]
 
 
-async def test_triggers_refuse_changes(store: AuditStore, make_record: MakeRecord) -> None:
+async def test_triggers_refuse_changes(store: Database, make_record: MakeRecord) -> None:
     await store.append([(make_record(i), None) for i in range(3)])
     await store.append_admin(AdminEvent("ops", "tenant.created", "acme", None, {"id": "acme"}))
     if store.is_sqlite:  # defence in depth; SQLite has no TRUNCATE
@@ -136,7 +134,7 @@ async def test_triggers_refuse_changes(store: AuditStore, make_record: MakeRecor
 
 
 async def test_purge_deletes_expired_payloads_and_chain_stays_valid(
-    store: AuditStore, make_record: MakeRecord, t0: datetime
+    store: Database, make_record: MakeRecord, t0: datetime
 ) -> None:
     batch = [
         (make_record(0), Payload("p0", "c0", 1)),
@@ -154,7 +152,7 @@ async def test_purge_deletes_expired_payloads_and_chain_stays_valid(
     assert await store.purge_payloads(now=t0 + timedelta(days=2)) == 0
 
 
-async def test_tampered_payload_is_reported(store: AuditStore, make_record: MakeRecord) -> None:
+async def test_tampered_payload_is_reported(store: Database, make_record: MakeRecord) -> None:
     ids = await store.append([(make_record(i), Payload(f"p{i}", "c", 5)) for i in range(3)])
     await _sql(store, f"UPDATE audit_payloads SET completion = 'forged' WHERE record_id = {ids[1]}")
     report = await store.verify()
@@ -162,7 +160,7 @@ async def test_tampered_payload_is_reported(store: AuditStore, make_record: Make
     assert report["payloads"]["first_broken"] == ids[1]
 
 
-async def test_admin_events_chain_and_tamper(store: AuditStore) -> None:
+async def test_admin_events_chain_and_tamper(store: Database) -> None:
     ids = [
         await store.append_admin(
             AdminEvent("ops", "key.created", f"k{i}", None, {"n": i, "f": 0.5})

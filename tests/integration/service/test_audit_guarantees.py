@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from gateway.audit import AuditStore, RecordFilter
+from gateway.database import Database, RecordFilter
 from tests.integration.service.harness import ADMIN, MODEL, running_gateway
 from tests.integration.service.process import start_gateway
 from tests.pg import admin_engine, fresh_database
@@ -86,7 +86,7 @@ def test_shutdown_with_requests_in_flight_loses_no_record(
     assert served, "no request finished before shutdown"
 
     async def stored() -> set[str]:
-        store = await AuditStore.connect(db)
+        store = await Database.connect(db)
         rows, _ = await store.records(RecordFilter(tenant_id="real"), limit=100)
         check = await store.verify()
         await store.close()

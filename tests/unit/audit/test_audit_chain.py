@@ -10,9 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.audit import Payload, RequestRecord
-from gateway.audit.chain import FLOAT_FIELDS, GENESIS, RECORD_FIELDS, ChainWalker, canonical, link
-from gateway.audit.store import record_row
+from gateway.database import Payload, RequestRecord
+from gateway.database.audit.chain import (
+    FLOAT_FIELDS,
+    GENESIS,
+    RECORD_FIELDS,
+    ChainWalker,
+    canonical,
+    link,
+)
+from gateway.database.audit.records import record_row
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
 BASE = RequestRecord(

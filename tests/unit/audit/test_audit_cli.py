@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.audit import AuditStore, Payload, RequestRecord
-from gateway.audit.cli import EXIT_BROKEN, main
+from gateway.database import Database, Payload, RequestRecord
+from gateway.database.cli import EXIT_BROKEN, main
 
 T0 = datetime(2025, 5, 1, tzinfo=UTC)
 
@@ -23,7 +23,7 @@ def db(tmp_path: Path) -> tuple[str, Path]:
     url = f"sqlite+aiosqlite:///{path}"
 
     async def seed() -> None:
-        store = await AuditStore.connect(url, upgrade=True)
+        store = await Database.connect(url, upgrade=True)
         recs = [
             RequestRecord(
                 request_id=f"r{i}",

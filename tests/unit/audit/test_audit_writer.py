@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from gateway.audit import (
-    AuditStore,
+from gateway.database import (
     AuditUnavailable,
     AuditWriter,
+    Database,
     Payload,
     RecordFilter,
     RequestRecord,
@@ -132,7 +132,7 @@ async def test_write_before_start_is_refused() -> None:
 
 
 async def test_sqlite_writer_batches_and_persists(tmp_path: Path) -> None:
-    store = await AuditStore.connect(f"sqlite+aiosqlite:///{tmp_path}/a.db", upgrade=True)
+    store = await Database.connect(f"sqlite+aiosqlite:///{tmp_path}/a.db", upgrade=True)
     writer = await _writer(store, max_batch=32)
     ids = await asyncio.gather(
         *(writer.write(rec(i), Payload(f"p{i}", "c", 1) if i % 2 else None) for i in range(100))
@@ -147,7 +147,7 @@ async def test_sqlite_writer_batches_and_persists(tmp_path: Path) -> None:
 
 
 async def test_missing_directory_fails_closed(tmp_path: Path) -> None:
-    store = await AuditStore.connect(f"sqlite+aiosqlite:///{tmp_path}/missing/dir/a.db")
+    store = await Database.connect(f"sqlite+aiosqlite:///{tmp_path}/missing/dir/a.db")
     writer = await _writer(store)
     with pytest.raises(AuditUnavailable) as info:
         await writer.write(rec(1))
@@ -156,13 +156,13 @@ async def test_missing_directory_fails_closed(tmp_path: Path) -> None:
     await store.close()
     (tmp_path / "plain-file").write_text("")
     with pytest.raises(AuditUnavailable):
-        await AuditStore.connect(f"sqlite+aiosqlite:///{tmp_path}/plain-file/a.db", upgrade=True)
+        await Database.connect(f"sqlite+aiosqlite:///{tmp_path}/plain-file/a.db", upgrade=True)
 
 
 async def test_read_only_database_fails_closed(tmp_path: Path) -> None:
     path = tmp_path / "a.db"
-    await (await AuditStore.connect(f"sqlite+aiosqlite:///{path}", upgrade=True)).close()
-    store = await AuditStore.connect(f"sqlite+aiosqlite:///file:{path}?mode=ro&uri=true")
+    await (await Database.connect(f"sqlite+aiosqlite:///{path}", upgrade=True)).close()
+    store = await Database.connect(f"sqlite+aiosqlite:///file:{path}?mode=ro&uri=true")
     writer = await _writer(store)
     with pytest.raises(AuditUnavailable, match="readonly"):
         await writer.write(rec(1))

@@ -162,7 +162,7 @@ class KeyInfo:
 
 @dataclass(frozen=True)
 class WriterStats:
-    """Counters of an :class:`~gateway.audit.writer.AuditWriter` (plain data)."""
+    """Counters of an :class:`~gateway.database.audit.writer.AuditWriter` (plain data)."""
 
     records: int = 0
     transactions: int = 0

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import DataError, IntegrityError
 
-from gateway.audit.base import utcnow
-from gateway.audit.store import AuditStore, record_row
-from gateway.audit.types import AuditUnavailable, Payload, RequestRecord, WriterStats
+from gateway.database.audit.records import record_row
+from gateway.database.audit.types import AuditUnavailable, Payload, RequestRecord, WriterStats
+from gateway.database.base import utcnow
+from gateway.database.store import Database
 
 
 @dataclass
@@ -33,7 +34,7 @@ _STOP = object()
 
 
 class AuditWriter:
-    def __init__(self, store: AuditStore, *, max_batch: int = 64, max_delay_ms: float = 5) -> None:
+    def __init__(self, store: Database, *, max_batch: int = 64, max_delay_ms: float = 5) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self._store = store

@@ -1,5 +1,5 @@
-"""Acceptance history, model versions and rollouts: simple CRUD for the policy engine and the
-model registry (which own the vocabulary of ``status`` and ``state``; stored as given).
+"""Model versions and draft rollouts: simple CRUD for the model registry (which owns the
+vocabulary of ``status`` and ``state``; stored as given).
 
 Mutating methods take ``actor=``; when given, ``model.registered``, ``model.status_changed``,
 ``rollout.started`` and ``rollout.<new state>`` (or ``rollout.updated``) admin events are
@@ -12,63 +12,14 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 
-from gateway.audit.base import StoreBase, utcnow
-from gateway.audit.models import ACCEPTANCE, MODELS, ROLLOUTS
-from gateway.audit.types import AdminEvent
+from gateway.database.audit.types import AdminEvent
+from gateway.database.base import StoreBase, utcnow
+from gateway.database.tables import MODELS, ROLLOUTS
 
-GLOBAL_TENANT = "*"
 _ROLLOUT_FIELDS = frozenset({"state", "canary_percent", "sticky", "guard", "reason"})
 
 
-class RegistryMixin(StoreBase):
-    # -- acceptance history ------------------------------------------------------------------
-
-    async def put_acceptance(
-        self,
-        tenant_id: str,
-        proposer: str,
-        draft_version: str,
-        *,
-        ewma_acceptance: float,
-        ewma_c: float,
-        samples: int,
-    ) -> None:
-        """Upsert one history row (``tenant_id='*'`` = global; ``draft_version=''`` for
-        proposers without a version)."""
-        values = {
-            "tenant_id": tenant_id,
-            "proposer": proposer,
-            "draft_version": draft_version,
-            "ewma_acceptance": float(ewma_acceptance),
-            "ewma_c": float(ewma_c),
-            "samples": int(samples),
-            "updated_at": utcnow(),
-        }
-        async with self._write() as conn:
-            await self._upsert(conn, ACCEPTANCE, values, ["tenant_id", "proposer", "draft_version"])
-
-    async def get_acceptance(
-        self, tenant_id: str, proposer: str, draft_version: str
-    ) -> dict[str, Any] | None:
-        stmt = select(ACCEPTANCE).where(
-            ACCEPTANCE.c.tenant_id == tenant_id,
-            ACCEPTANCE.c.proposer == proposer,
-            ACCEPTANCE.c.draft_version == draft_version,
-        )
-        async with self._read() as conn:
-            row = (await conn.execute(stmt)).mappings().first()
-        return None if row is None else dict(row)
-
-    async def list_acceptance(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
-        """All history rows (for warm-starting the policy engine), optionally one tenant."""
-        stmt = select(ACCEPTANCE).order_by(
-            ACCEPTANCE.c.tenant_id, ACCEPTANCE.c.proposer, ACCEPTANCE.c.draft_version
-        )
-        if tenant_id is not None:
-            stmt = stmt.where(ACCEPTANCE.c.tenant_id == tenant_id)
-        async with self._read() as conn:
-            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
-
+class RolloutsMixin(StoreBase):
     # -- model versions ----------------------------------------------------------------------
 
     async def register_model(

@@ -1,5 +1,5 @@
 """Run the Alembic migrations programmatically (the gateway upgrades SQLite at start;
-production runs ``python -m gateway.audit upgrade`` or ``alembic upgrade head`` as a job).
+production runs ``python -m gateway.database upgrade`` or ``alembic upgrade head`` as a job).
 
 The async variants share one async engine connection with Alembic (``config.attributes
 ["connection"]``, read by ``migrations/env.py``); the sync ones are safe to call whether or
@@ -19,7 +19,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import Connection
 
-from gateway.audit.base import make_engine
+from gateway.database.base import make_engine
 
 DEFAULT_URL = "sqlite+aiosqlite:///var/gateway.db"
 

@@ -20,10 +20,10 @@ from typing import Any, Literal
 from sqlalchemy import ColumnElement, and_, case, func, select
 from sqlalchemy.engine import RowMapping
 
-from gateway.audit.base import StoreBase
-from gateway.audit.chain import format_datetime
-from gateway.audit.models import EVENTS, PAYLOADS, RECORDS
-from gateway.audit.types import RecordFilter
+from gateway.database.audit.chain import format_datetime
+from gateway.database.audit.types import RecordFilter
+from gateway.database.base import StoreBase
+from gateway.database.tables import EVENTS, PAYLOADS, RECORDS
 
 RECORD_COLUMNS: tuple[str, ...] = tuple(c.name for c in RECORDS.columns)
 """Column order of exports (CSV header)."""

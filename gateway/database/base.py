@@ -21,9 +21,9 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
-from gateway.audit.chain import EVENT_FIELDS, GENESIS, link
-from gateway.audit.models import EVENTS
-from gateway.audit.types import AdminEvent
+from gateway.database.audit.chain import EVENT_FIELDS, GENESIS, link
+from gateway.database.audit.types import AdminEvent
+from gateway.database.tables import EVENTS
 
 #: pg_advisory_xact_lock keys serializing "read last hash + insert" per chain.
 RECORDS_LOCK = 0x61756469745F72  # "audit_r"

@@ -1,10 +1,10 @@
 """Auditor CLI working on the database directly.
 
-    python -m gateway.audit [--database-url URL] export --format jsonl|csv [filters] [--output F]
-    python -m gateway.audit verify            # JSON report; exit 0 ok, 2 broken
-    python -m gateway.audit summary [filters] [--format json|csv]
-    python -m gateway.audit purge [--now ISO]  # delete expired payloads
-    python -m gateway.audit upgrade           # alembic upgrade head (production job)
+    python -m gateway.database [--database-url URL] export --format jsonl|csv [filters] [--output F]
+    python -m gateway.database verify            # JSON report; exit 0 ok, 2 broken
+    python -m gateway.database summary [filters] [--format json|csv]
+    python -m gateway.database purge [--now ISO]  # delete expired payloads
+    python -m gateway.database upgrade           # alembic upgrade head (production job)
 
 URL: ``--database-url``, else env ``GATEWAY_DATABASE_URL``, else
 ``sqlite+aiosqlite:///var/gateway.db``. Filters: --tenant, --since/--until (ISO 8601; naive
@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from gateway.audit.migrate import DEFAULT_URL, upgrade_to_head_async
-from gateway.audit.queries import csv_line
-from gateway.audit.store import AuditStore
-from gateway.audit.types import RecordFilter
+from gateway.database.audit.queries import csv_line
+from gateway.database.audit.types import RecordFilter
+from gateway.database.migrate import DEFAULT_URL, upgrade_to_head_async
+from gateway.database.store import Database
 
 EXIT_BROKEN = 2
 
@@ -50,7 +50,7 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gateway.audit", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gateway.database", description=__doc__)
     parser.add_argument(
         "--database-url", default=os.environ.get("GATEWAY_DATABASE_URL", DEFAULT_URL)
     )
@@ -74,7 +74,7 @@ def _filter(args: argparse.Namespace) -> RecordFilter:
     return RecordFilter(**{n: getattr(args, n) for n in names if hasattr(args, n)})
 
 
-async def _export(store: AuditStore, args: argparse.Namespace, out: TextIO) -> int:
+async def _export(store: Database, args: argparse.Namespace, out: TextIO) -> int:
     def progress(done: int) -> None:
         print(f"\rexported {done} records", end="", file=sys.stderr, flush=True)
 
@@ -89,7 +89,7 @@ async def run(args: argparse.Namespace, out: TextIO) -> int:
         await upgrade_to_head_async(args.database_url)
         print("database at head", file=sys.stderr)
         return 0
-    store = await AuditStore.connect(args.database_url)
+    store = await Database.connect(args.database_url)
     try:
         if args.command == "export":
             if args.output:

@@ -1,9 +1,5 @@
-"""AuditStore: connect, chain-linked appends, verification and payload purge.
-
-Queries live in :mod:`gateway.audit.queries`, tenant/key/policy CRUD in
-:mod:`gateway.audit.accounts`, acceptance/model/rollout CRUD in :mod:`gateway.audit.registry`;
-:class:`AuditStore` combines them.
-"""
+"""The audit log's writes: chain-linked appends of request records and admin events,
+verification of both chains and the payloads, and the retention purge of payload text."""
 
 from __future__ import annotations
 
@@ -15,19 +11,16 @@ from typing import Any
 from sqlalchemy import delete, insert, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.audit.accounts import AccountsMixin
-from gateway.audit.base import RECORDS_LOCK, make_engine, utcnow
-from gateway.audit.chain import EVENT_FIELDS, RECORD_FIELDS, ChainWalker, link
-from gateway.audit.models import EVENTS, PAYLOADS, RECORDS
-from gateway.audit.queries import QueryMixin
-from gateway.audit.registry import RegistryMixin
-from gateway.audit.types import (
+from gateway.database.audit.chain import EVENT_FIELDS, RECORD_FIELDS, ChainWalker, link
+from gateway.database.audit.types import (
     AdminEvent,
     AuditUnavailable,
     Payload,
     RequestRecord,
     sha256_text,
 )
+from gateway.database.base import RECORDS_LOCK, StoreBase, utcnow
+from gateway.database.tables import EVENTS, PAYLOADS, RECORDS
 
 _VERIFY_PAGE = 2000
 
@@ -54,25 +47,8 @@ def record_row(record: RequestRecord, payload: Payload | None, now: datetime) ->
     return row
 
 
-class AuditStore(QueryMixin, AccountsMixin, RegistryMixin):
-    """The gateway's database. Create with :meth:`connect`; all methods are coroutines."""
-
-    @classmethod
-    async def connect(cls, url: str, *, upgrade: bool = False) -> AuditStore:
-        """Open ``url`` (any SQLAlchemy async URL). Lazy: a bad database surfaces as
-        :class:`AuditUnavailable` on the first write, unless ``upgrade=True`` runs
-        ``alembic upgrade head`` now (raising :class:`AuditUnavailable` on failure)."""
-        if upgrade:
-            from gateway.audit.migrate import upgrade_to_head_async
-
-            try:
-                await upgrade_to_head_async(url)
-            except (SQLAlchemyError, OSError) as exc:
-                raise AuditUnavailable(f"cannot migrate audit database: {exc}") from exc
-        return cls(make_engine(url))
-
-    async def close(self) -> None:
-        await self._engine.dispose()
+class AuditMixin(StoreBase):
+    """Appends, verification and purge of the audit chain (part of Database)."""
 
     # -- appends ---------------------------------------------------------------------------
 

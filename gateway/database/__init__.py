@@ -1,8 +1,10 @@
-"""The gateway's database: append-only, hash-chained audit log plus operational tables.
+"""The gateway's database: the append-only, hash-chained audit log (gateway.database.audit)
+and the operational tables: accounts (tenants, keys, policies), rollouts (model versions,
+draft rollouts) and the acceptance history.
 
 Public API (the service layer codes against these names)::
 
-    store = await AuditStore.connect(url, upgrade=False)   # any SQLAlchemy async URL
+    store = await Database.connect(url, upgrade=False)   # any SQLAlchemy async URL
     ids = await store.append([(RequestRecord(...), Payload(...) | None), ...])
     await store.append_admin(AdminEvent(actor, action, subject, before, after))
     await store.verify()        # {"ok", "checked", "first_broken", "head",
@@ -13,13 +15,13 @@ Public API (the service layer codes against these names)::
     await store.summary(RecordFilter(...))
     await store.events(since, until, cursor, limit, action=None)
     await store.purge_payloads(now=None)
-    # tenants, keys, policies (gateway.audit.accounts)
+    # tenants, keys, policies (gateway.database.accounts)
     create_tenant(id, name, *, actor) / get_tenant(id) / list_tenants()
     create_key(tenant_id, role, *, actor) -> (key_id, "sk-...") / revoke_key(key_id, *, actor)
     lookup_key(plaintext) -> KeyInfo | None / list_keys(tenant_id=None)
     put_policy(tenant_id, document, revision=None, *, actor) / active_policy(tenant_id)
     list_policies(tenant_id=None)
-    # acceptance history, models, rollouts (gateway.audit.registry)
+    # acceptance history (gateway.database.history); models, rollouts (gateway.database.rollouts)
     put_acceptance(tenant_id, proposer, draft_version, *, ewma_acceptance, ewma_c, samples)
     get_acceptance(tenant_id, proposer, draft_version) / list_acceptance(tenant_id=None)
     register_model(name, version, *, role, path, sha256, target, status, actor)
@@ -33,13 +35,12 @@ Public API (the service layer codes against these names)::
 
 Compliance reads (records/record/events/export) return JSON-ready dicts (datetimes as
 ``YYYY-MM-DDTHH:MM:SS.ffffffZ``); CRUD reads return dicts with aware UTC datetimes.
-Hash chain: :mod:`gateway.audit.chain`. Migrations: :mod:`gateway.audit.migrate`.
-CLI: ``python -m gateway.audit {export,verify,summary,purge,upgrade}``.
+Hash chain: :mod:`gateway.database.audit.chain`. Migrations: :mod:`gateway.database.migrate`.
+CLI: ``python -m gateway.database {export,verify,summary,purge,upgrade}``.
 """
 
-from gateway.audit.chain import format_datetime
-from gateway.audit.store import AuditStore
-from gateway.audit.types import (
+from gateway.database.audit.chain import format_datetime
+from gateway.database.audit.types import (
     AdminEvent,
     AuditUnavailable,
     KeyInfo,
@@ -50,13 +51,14 @@ from gateway.audit.types import (
     WriterStats,
     sha256_text,
 )
-from gateway.audit.writer import AuditWriter
+from gateway.database.audit.writer import AuditWriter
+from gateway.database.store import Database
 
 __all__ = [
     "AdminEvent",
-    "AuditStore",
     "AuditUnavailable",
     "AuditWriter",
+    "Database",
     "KeyInfo",
     "Payload",
     "RecordFilter",

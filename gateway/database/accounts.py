@@ -16,9 +16,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from gateway.audit.base import StoreBase, utcnow
-from gateway.audit.models import KEYS, POLICIES, TENANTS
-from gateway.audit.types import KEY_ROLES, AdminEvent, KeyInfo, TenantExists
+from gateway.database.audit.types import KEY_ROLES, AdminEvent, KeyInfo, TenantExists
+from gateway.database.base import StoreBase, utcnow
+from gateway.database.tables import KEYS, POLICIES, TENANTS
 
 KEY_PREFIX = "sk-"
 
