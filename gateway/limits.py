@@ -11,5 +11,10 @@ MAX_TOP_LOGPROBS: Final = 20
 """Most alternatives per token in `top_logprobs` / completions' `logprobs` (OpenAI's 20)."""
 MAX_STOP: Final = 4
 """Most stop strings per request (OpenAI's 4)."""
+MAX_SCHEMA_DEPTH: Final = 64
+"""Deepest nesting of JSON objects and arrays in a response_format schema (a deeper one is a
+400 naming response_format, before anything recurses into it)."""
+MAX_SCHEMA_NODES: Final = 20_000
+"""Most JSON values (objects, arrays, scalars) in a response_format schema."""
 DEFAULT_MAX_TOKENS: Final = {"completions": 16, "chat.completions": 256}
 """max_tokens when the request sets none (OpenAI's defaults), capped by the context left."""

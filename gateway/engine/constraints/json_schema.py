@@ -35,6 +35,7 @@ import torch
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from gateway.engine.errors import EngineError
+from gateway.limits import MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -98,6 +99,25 @@ def unknown_keywords(schema: Any, path: str = "#") -> list[str]:
         else:
             found.append(here)
     return found
+
+
+def check_size(schema: Any) -> None:
+    """Refuse a schema nested deeper than MAX_SCHEMA_DEPTH or with more than MAX_SCHEMA_NODES
+    values, walking it without recursion (the checks after this one recurse)."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_SCHEMA_NODES:
+            raise ConstraintError(f"the JSON schema has more than {MAX_SCHEMA_NODES} values")
+        children = value.values() if isinstance(value, dict) else value
+        if isinstance(value, dict | list):
+            if depth > MAX_SCHEMA_DEPTH:
+                raise ConstraintError(
+                    f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays"
+                )
+            stack.extend((child, depth + 1) for child in children)
 
 
 def _check_schema(schema: dict[str, Any]) -> None:
@@ -174,6 +194,7 @@ def compile_json_grammar(
         raise ConstraintError(
             f"the JSON schema must be a JSON object, not {type(effective).__name__}"
         )
+    check_size(effective)
     try:
         canonical = json.dumps(effective, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:

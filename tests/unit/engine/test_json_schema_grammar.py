@@ -341,3 +341,31 @@ def test_validate_output() -> None:
         with pytest.raises(ConstraintError) as info:
             validate_output(text, schema)
         assert names in str(info.value), str(info.value)
+
+
+# -- size limits ----------------------------------------------------------------------------
+
+
+def _nested(levels: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def test_a_schema_nested_too_deep_is_refused_by_name(tokenizer) -> None:
+    """300 levels once escaped as a RecursionError (a 500); now a ConstraintError (a 400)."""
+    from gateway.engine.constraints.json_schema import ConstraintError, compile_json_grammar
+
+    with pytest.raises(ConstraintError, match="nests deeper than"):
+        compile_json_grammar(tokenizer, _nested(300), len(tokenizer))
+    compile_json_grammar(tokenizer, _nested(8), len(tokenizer))  # a reasonable depth compiles
+
+
+def test_a_schema_with_too_many_values_is_refused(tokenizer) -> None:
+    from gateway.engine.constraints.json_schema import ConstraintError, compile_json_grammar
+    from gateway.limits import MAX_SCHEMA_NODES
+
+    wide = {"type": "string", "enum": [f"v{i}" for i in range(MAX_SCHEMA_NODES)]}
+    with pytest.raises(ConstraintError, match="more than"):
+        compile_json_grammar(tokenizer, wide, len(tokenizer))
