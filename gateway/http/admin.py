@@ -1,52 +1,44 @@
-"""Admin API (admin key only): tenants, keys, policies, models and rollouts."""
+"""Admin API (admin key only): tenants, keys, policies, models and rollouts.
+
+Every route sits behind the `admin_only` guard, which Litestar runs before it reads a body;
+a body is the handler's typed ``data``, decoded by `bodies.JsonBody` (OpenAI-shaped 400s)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from litestar import Request, Response, delete, get, post, put
+from litestar import Request, Response, Router, delete, get, post, put
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+from litestar.params import Body
 
-from gateway.http.schemas import BodyError, KeyCreate, TenantCreate, decode
+from gateway.http.admin_schemas import POLICY_DOCUMENT, ModelRegister, PolicyResolve, RolloutStart
+from gateway.http.bodies import JsonBody, require_body, sent
+from gateway.http.schemas import KeyCreate, TenantCreate
 from gateway.serving import Services
 from gateway.serving.errors import invalid
 
 
-def _svc(request: Request[Any, Any, Any]) -> Services:
-    return request.app.state.services  # type: ignore[no-any-return]
+def _svc(connection: ASGIConnection[Any, Any, Any, Any]) -> Services:
+    return connection.app.state.services  # type: ignore[no-any-return]
 
 
-async def _admin(request: Request[Any, Any, Any]) -> Services:
-    svc = _svc(request)
-    await svc.auth.admin(request.headers.get("authorization"))
-    return svc
-
-
-async def _body(request: Request[Any, Any, Any], kind: type[Any]) -> Any:
-    try:
-        return decode(await request.body(), kind)
-    except BodyError as exc:
-        raise invalid(exc.message, exc.param) from None
-
-
-async def _json(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    body = await _body(request, dict)
-    return body  # type: ignore[no-any-return]
+async def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Guard: the admin key, checked before the body is read (401/403 before any 400)."""
+    await _svc(connection).auth.admin(connection.headers.get("authorization"))
 
 
 # -- tenants and keys ---------------------------------------------------------------------
 
 
 @post("/admin/tenants", status_code=201, summary="Create a tenant (409 if it exists)")
-async def create_tenant(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    svc = await _admin(request)
-    body = await _body(request, TenantCreate)
-    return await svc.admin.create_tenant(body.id, body.name)
+async def create_tenant(request: Request[Any, Any, Any], data: TenantCreate) -> dict[str, Any]:
+    return await _svc(request).admin.create_tenant(data.id, data.name)
 
 
 @get("/admin/tenants", summary="List tenants")
 async def list_tenants(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    svc = await _admin(request)
-    return {"data": await svc.admin.list_tenants()}
+    return {"data": await _svc(request).admin.list_tenants()}
 
 
 @post(
@@ -54,16 +46,15 @@ async def list_tenants(request: Request[Any, Any, Any]) -> dict[str, Any]:
     status_code=201,
     summary="Issue a tenant or auditor key (shown once)",
 )
-async def create_key(request: Request[Any, Any, Any], tenant_id: str) -> dict[str, Any]:
-    svc = await _admin(request)
-    body = await _body(request, KeyCreate)
-    return await svc.admin.create_key(tenant_id, body.role)
+async def create_key(
+    request: Request[Any, Any, Any], tenant_id: str, data: KeyCreate
+) -> dict[str, Any]:
+    return await _svc(request).admin.create_key(tenant_id, data.role)
 
 
 @delete("/admin/keys/{key_id:str}", status_code=200, summary="Revoke a key")
 async def revoke_key(request: Request[Any, Any, Any], key_id: str) -> dict[str, Any]:
-    svc = await _admin(request)
-    return await svc.admin.revoke_key(key_id)
+    return await _svc(request).admin.revoke_key(key_id)
 
 
 # -- policies -----------------------------------------------------------------------------
@@ -71,27 +62,27 @@ async def revoke_key(request: Request[Any, Any, Any], key_id: str) -> dict[str, 
 
 @get("/admin/policies", summary="The active policy bundle and its revision")
 async def get_policies(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    svc = await _admin(request)
-    return svc.policy.describe()
+    return _svc(request).policy.describe()
 
 
 @put("/admin/policies/tenants/{tenant_id:str}", summary="Replace one tenant's policy document")
-async def put_tenant_policy(request: Request[Any, Any, Any], tenant_id: str) -> dict[str, Any]:
-    svc = await _admin(request)
-    return await svc.policy.put_tenant(tenant_id, await _json(request), actor="admin")
+async def put_tenant_policy(
+    request: Request[Any, Any, Any],
+    tenant_id: str,
+    data: Annotated[dict[str, Any], Body(description=POLICY_DOCUMENT)],
+) -> dict[str, Any]:
+    return await _svc(request).policy.put_tenant(tenant_id, data, actor="admin")
 
 
 @post("/admin/policies/resolve", status_code=200, summary="Dry run: the decision a request gets")
-async def resolve_policy(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    svc = await _admin(request)
-    body = await _json(request)
-    return await svc.policy.resolve(body, svc.worker.depth)
+async def resolve_policy(request: Request[Any, Any, Any], data: PolicyResolve) -> dict[str, Any]:
+    svc = _svc(request)
+    return await svc.policy.resolve(sent(data), svc.worker.depth)
 
 
 @post("/admin/policies/reload", status_code=200, summary="Reload the policy files on disk")
 async def reload_policies(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    svc = await _admin(request)
-    return await svc.policy.reload(actor="admin")
+    return await _svc(request).policy.reload(actor="admin")
 
 
 # -- models and rollouts ------------------------------------------------------------------
@@ -99,32 +90,27 @@ async def reload_policies(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @get("/admin/models", summary="Registered targets and drafts")
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    svc = await _admin(request)
-    return {"data": await svc.rollouts.models()}
+    return {"data": await _svc(request).rollouts.models()}
 
 
 @post("/admin/models", status_code=201, summary="Register a model version from a local dir")
-async def register_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    svc = await _admin(request)
-    return await svc.rollouts.register(await _json(request), actor="admin")
+async def register_model(request: Request[Any, Any, Any], data: ModelRegister) -> dict[str, Any]:
+    return await _svc(request).rollouts.register(sent(data), actor="admin")
 
 
 @post("/admin/rollouts", status_code=201, summary="Start a draft rollout (canary)")
-async def start_rollout(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    svc = await _admin(request)
-    return await svc.rollouts.start_rollout(await _json(request), actor="admin")
+async def start_rollout(request: Request[Any, Any, Any], data: RolloutStart) -> dict[str, Any]:
+    return await _svc(request).rollouts.start_rollout(sent(data), actor="admin")
 
 
 @get("/admin/rollouts", summary="Rollouts with live canary vs baseline stats")
 async def list_rollouts(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    svc = await _admin(request)
-    return {"data": await svc.rollouts.list()}
+    return {"data": await _svc(request).rollouts.list()}
 
 
 @get("/admin/rollouts/{rollout_id:str}", summary="One rollout")
 async def get_rollout(request: Request[Any, Any, Any], rollout_id: str) -> dict[str, Any]:
-    svc = await _admin(request)
-    return await svc.rollouts.get(rollout_id)
+    return await _svc(request).rollouts.get(rollout_id)
 
 
 @post(
@@ -135,13 +121,13 @@ async def get_rollout(request: Request[Any, Any, Any], rollout_id: str) -> dict[
 async def act_rollout(
     request: Request[Any, Any, Any], rollout_id: str, action: str
 ) -> Response[Any]:
-    svc = await _admin(request)
+    svc = _svc(request)
     if action not in ("promote", "pause", "rollback", "resume"):
         raise invalid(f"unknown rollout action '{action}' (promote, pause, rollback, resume)")
     return Response(await svc.rollouts.act(rollout_id, action, actor="admin"))
 
 
-ROUTES = [
+HANDLERS = [
     create_tenant,
     list_tenants,
     create_key,
@@ -156,4 +142,14 @@ ROUTES = [
     list_rollouts,
     get_rollout,
     act_rollout,
+]
+ROUTES = [
+    Router(
+        "/",
+        route_handlers=HANDLERS,
+        guards=[admin_only],
+        dto=JsonBody,
+        return_dto=None,
+        before_request=require_body,
+    )
 ]

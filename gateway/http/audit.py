@@ -7,9 +7,11 @@ from datetime import datetime
 from typing import Any
 
 from litestar import Request, get
+from litestar.di import Provide
 from litestar.response import Stream
 
 from gateway.database import RecordFilter
+from gateway.http.audit_query import Cursor, FilterQuery, Format, Limit, Since, Until, filter_query
 from gateway.serving import Services
 from gateway.serving.commands import Principal
 from gateway.serving.errors import GatewayError, invalid
@@ -31,9 +33,8 @@ def _time(value: str | None, name: str) -> datetime | None:
     return parsed
 
 
-def _filter(request: Request[Any, Any, Any], who: Principal) -> RecordFilter:
-    q = request.query_params
-    tenant = q.get("tenant")
+def _filter(q: FilterQuery, who: Principal) -> RecordFilter:
+    tenant = q.tenant
     if who.role == "auditor":
         if tenant not in (None, who.tenant_id):
             raise GatewayError(
@@ -43,25 +44,24 @@ def _filter(request: Request[Any, Any, Any], who: Principal) -> RecordFilter:
                 code="forbidden",
             )
         tenant = who.tenant_id
-    status = q.get("status")
+    status = q.status
     if status is not None and not status.isdigit():
         raise invalid("status must be an HTTP status code", "status")
     return RecordFilter(
         tenant_id=tenant,
-        since=_time(q.get("since"), "since"),
-        until=_time(q.get("until"), "until"),
-        mode=q.get("mode"),
-        target_model=q.get("target_model"),
-        target_version=q.get("target_version"),
-        draft_model=q.get("draft_model"),
-        draft_version=q.get("draft_version"),
+        since=_time(q.since, "since"),
+        until=_time(q.until, "until"),
+        mode=q.mode,
+        target_model=q.target_model,
+        target_version=q.target_version,
+        draft_model=q.draft_model,
+        draft_version=q.draft_version,
         status=int(status) if status else None,
-        decision_id=q.get("decision_id"),
+        decision_id=q.decision_id,
     )
 
 
-def _limit(request: Request[Any, Any, Any]) -> int:
-    raw = request.query_params.get("limit", "100")
+def _limit(raw: str) -> int:
     if not raw.isdigit() or not 1 <= int(raw) <= 1000:
         raise invalid("limit must be an integer in [1, 1000]", "limit")
     return int(raw)
@@ -71,14 +71,20 @@ async def _who(request: Request[Any, Any, Any]) -> Principal:
     return await _svc(request).auth.auditor(request.headers.get("authorization"))
 
 
-@get("/audit/records", summary="Audit records (filters, cursor pagination)")
-async def records(request: Request[Any, Any, Any]) -> dict[str, Any]:
+FILTERS = {"filters": Provide(filter_query, sync_to_thread=False)}
+
+
+@get("/audit/records", summary="Audit records (filters, cursor pagination)", dependencies=FILTERS)
+async def records(
+    request: Request[Any, Any, Any],
+    filters: FilterQuery,
+    cursor: Cursor = None,
+    limit: Limit = "100",
+) -> dict[str, Any]:
     who = await _who(request)
     store = _svc(request).store
     try:
-        rows, nxt = await store.records(
-            _filter(request, who), request.query_params.get("cursor"), _limit(request)
-        )
+        rows, nxt = await store.records(_filter(filters, who), cursor, _limit(limit))
     except ValueError as exc:
         raise invalid(str(exc), "cursor") from None
     return {"data": rows, "next_cursor": nxt}
@@ -95,13 +101,18 @@ async def record(request: Request[Any, Any, Any], record_id: int) -> dict[str, A
     return row
 
 
-@get("/audit/export", summary="Export records as JSON lines or CSV (streamed)")
-async def export(request: Request[Any, Any, Any]) -> Stream:
+@get(
+    "/audit/export",
+    summary="Export records as JSON lines or CSV (streamed)",
+    dependencies=FILTERS,
+)
+async def export(
+    request: Request[Any, Any, Any], filters: FilterQuery, fmt: Format = "jsonl"
+) -> Stream:
     who = await _who(request)
-    fmt = request.query_params.get("format", "jsonl")
     if fmt not in ("jsonl", "csv"):
         raise invalid("format must be jsonl or csv", "format")
-    f = _filter(request, who)
+    f = _filter(filters, who)
     media = "application/x-ndjson" if fmt == "jsonl" else "text/csv"
     chunks = _svc(request).store.export(f, fmt)  # type: ignore[arg-type]
     return Stream(
@@ -111,25 +122,34 @@ async def export(request: Request[Any, Any, Any]) -> Stream:
     )
 
 
-@get("/audit/summary", summary="Requests, tokens and acceptance by day x tenant x mode x model")
-async def summary(request: Request[Any, Any, Any]) -> dict[str, Any]:
+@get(
+    "/audit/summary",
+    summary="Requests, tokens and acceptance by day x tenant x mode x model",
+    dependencies=FILTERS,
+)
+async def summary(request: Request[Any, Any, Any], filters: FilterQuery) -> dict[str, Any]:
     who = await _who(request)
-    return {"data": await _svc(request).store.summary(_filter(request, who))}
+    return {"data": await _svc(request).store.summary(_filter(filters, who))}
 
 
 @get("/audit/events", summary="Admin events (tenants, keys, policies, rollouts)")
-async def events(request: Request[Any, Any, Any]) -> dict[str, Any]:
+async def events(
+    request: Request[Any, Any, Any],
+    since: Since = None,
+    until: Until = None,
+    cursor: Cursor = None,
+    limit: Limit = "100",
+) -> dict[str, Any]:
     who = await _who(request)
     if who.role != "admin":
         raise GatewayError(
             "permission", "admin events are readable with the admin key only", code="forbidden"
         )
-    q = request.query_params
     rows, nxt = await _svc(request).store.events(
-        since=_time(q.get("since"), "since"),
-        until=_time(q.get("until"), "until"),
-        cursor=q.get("cursor"),
-        limit=_limit(request),
+        since=_time(since, "since"),
+        until=_time(until, "until"),
+        cursor=cursor,
+        limit=_limit(limit),
     )
     return {"data": rows, "next_cursor": nxt}
 

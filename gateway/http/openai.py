@@ -12,6 +12,7 @@ from litestar import Request, Response, get, post
 from litestar.response import Stream
 
 from gateway.http import convert
+from gateway.http.bodies import DeferredBody
 from gateway.http.errors import STATUS, error_body, error_response
 from gateway.http.render import ChunkWriter, full_response
 from gateway.http.schemas import (
@@ -117,13 +118,29 @@ async def _stream(gen: Generation) -> AsyncIterator[bytes]:
             gen.finish_detached(499)
 
 
-@post("/v1/chat/completions", status_code=200, summary="Create a chat completion")
-async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
+# The OpenAI routes document their body with DeferredBody and get it undecoded (``data``):
+# the principal is checked first and every refusal, a bad body too, is audited.
+
+
+@post(
+    "/v1/chat/completions",
+    status_code=200,
+    summary="Create a chat completion",
+    dto=DeferredBody[ChatCompletionRequest],
+    return_dto=None,
+)
+async def chat_completions(request: Request[Any, Any, Any], data: bytes = b"") -> Response[Any]:
     return await _serve(request, "chat.completions", ChatCompletionRequest)
 
 
-@post("/v1/completions", status_code=200, summary="Create a completion (legacy)")
-async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
+@post(
+    "/v1/completions",
+    status_code=200,
+    summary="Create a completion (legacy)",
+    dto=DeferredBody[CompletionRequest],
+    return_dto=None,
+)
+async def completions(request: Request[Any, Any, Any], data: bytes = b"") -> Response[Any]:
     return await _serve(request, "completions", CompletionRequest)
 
 
@@ -138,12 +155,18 @@ async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-@post("/tokenize", status_code=200, summary="Tokenize a prompt (vLLM's convention)")
-async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
+@post(
+    "/tokenize",
+    status_code=200,
+    summary="Tokenize a prompt (vLLM's convention)",
+    dto=DeferredBody[TokenizeRequest],
+    return_dto=None,
+)
+async def tokenize(request: Request[Any, Any, Any], data: bytes = b"") -> dict[str, Any]:
     svc = services(request)
     await svc.auth.principal(request.headers.get("authorization"))
     try:
-        body = decode(await request.body(), TokenizeRequest)
+        body = decode(data, TokenizeRequest)
     except BodyError as exc:
         raise invalid(exc.message, exc.param) from None
     if (body.prompt is None) == (body.messages is None):
