@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from gateway.engine.batch.scheduler import Batch
 from gateway.engine.errors import EmptyPrompt, InvalidRequest, PromptTooLong
 from gateway.engine.kpolicy import KPolicy, static_c
 from gateway.engine.loop import LoopConfig, decode
@@ -58,6 +59,14 @@ class Engine:
         one Finished with the whole result."""
         cfg = self._prepare(req, draft)
         return decode(cfg, cancelled)
+
+    def prepare(self, req: DecodeRequest, draft: LoadedModel | None = None) -> LoopConfig:
+        """Validate (errors raise here) and wire a request for `Batch.add`."""
+        return self._prepare(req, draft)
+
+    def batch(self, max_rows: int) -> Batch:
+        """A continuous batch of up to `max_rows` requests on this engine's target."""
+        return Batch(self._target, max_rows)
 
     def run(self, req: DecodeRequest, draft: LoadedModel | None = None) -> DecodeResult:
         for item in self.stream(req, draft):

@@ -96,93 +96,159 @@ def _masks(cfg: LoopConfig, draft: list[int]) -> tuple[list[int], int, torch.Ten
     return draft, consumed, torch.stack(rows)  # (n + 1, V)
 
 
+@dataclass
+class StepPlan:
+    """Steps 2-4 of one request's step: what it feeds to the target next."""
+
+    draft: list[int]  # cut at forbidden tokens and EOS
+    q: torch.Tensor | None  # the draft's distributions, (k, V), None when model-free
+    consumed: int  # draft tokens consumed into the grammar
+    masks: torch.Tensor | None  # grammar masks, (n + 1, V)
+
+
+class RowTimes:
+    """Wall time of one request's proposing and verifying (stats.draft_s / verify_s)."""
+
+    def __init__(self) -> None:
+        self.draft_s = 0.0
+        self.verify_s = 0.0
+
+
+def plan_step(
+    cfg: LoopConfig, ctx: list[int], cancelled: Callable[[], bool] | None, times: RowTimes
+) -> StepPlan | None:
+    """Steps 2-4; None when the request is finished (cancelled, or no room left)."""
+    out, stats = cfg.output, cfg.stats
+    # 2. Cancellation and room left (max_tokens, context length).
+    if cancelled is not None and cancelled():
+        out.finish("cancelled")
+        return None
+    room = min(cfg.max_tokens - len(out.token_ids), cfg.target.context_length - len(ctx))
+    if room <= 0:
+        out.finish("length")
+        return None
+    # 3. Choose k and propose (k = 0: standard decoding).
+    k = 0
+    if cfg.proposer is not None and cfg.policy is not None:
+        k = min(cfg.policy.choose(), room - 1)
+        if cfg.draft_context_length is not None:
+            k = min(k, cfg.draft_context_length - len(ctx) + 1)
+    t0 = time.perf_counter()
+    draft, q = [], None
+    if k > 0 and cfg.proposer is not None:
+        with torch.inference_mode():  # per block: a generator must not leak the mode
+            proposal = cfg.proposer.propose(ctx, k)
+        draft, q = proposal.tokens[:k], proposal.probs
+        stats.k_history.append(k)
+    times.draft_s += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        # 4. Grammar masks per position; the draft is cut at forbidden tokens and EOS.
+        draft, consumed, masks = _masks(cfg, draft)
+    times.verify_s += time.perf_counter() - t0
+    return StepPlan(draft, q, consumed, masks)
+
+
+def settle_step(
+    cfg: LoopConfig, ctx: list[int], plan: StepPlan, logits: torch.Tensor, times: RowTimes
+) -> int:
+    """Steps 5-8 after the target forward over [last] + draft (logits (n + 1, V)): accept,
+    roll back grammar and proposer, emit into cfg.output and ctx. Returns m, the accepted
+    draft tokens (the caller rolls the target's cache back to len(ctx) - 1)."""
+    t0 = time.perf_counter()
+    out, stats, shaper, draft, n = cfg.output, cfg.stats, cfg.shaper, plan.draft, len(plan.draft)
+    with torch.inference_mode():
+        z = shaper.shape(logits, plan.masks)  # (n + 1, V)
+        if (plan.masks is not None or shaper.allowed is not None) and not bool(
+            torch.isfinite(z).any(dim=-1).all()
+        ):
+            raise GrammarDeadEnd(f"no token is allowed after {len(out.token_ids)} tokens")
+        # 6. Accept / reject: m accepted, then the recovered or bonus token.
+        if shaper.greedy:
+            p = None
+            verdict = verify_greedy(draft, z.argmax(dim=-1).tolist())
+        else:
+            p = shaper.probs(z)  # (n + 1, V)
+            q_n = None if plan.q is None else plan.q[:n].to(p.device, p.dtype)  # (n, V)
+            d = torch.tensor(draft, dtype=torch.long, device=p.device)  # (n,)
+            verdict = verify_sampled(d, q_n, p, cfg.generator)
+        m, token = verdict.accepted, verdict.token
+        # 7. Roll back the grammar and the proposer (the caller rolls back the target cache).
+        if cfg.grammar is not None:
+            cfg.grammar.rollback(plan.consumed - min(m, plan.consumed))
+        if cfg.proposer is not None and n:
+            cfg.proposer.on_verified(m)
+        if cfg.policy is not None and n:
+            cfg.policy.update(n, m)
+        stats.record_verify(n, m)
+        # 8. Emit accepted + recovered/bonus tokens one by one (EOS, stop, max_tokens).
+        emitted = [*draft[:m], token]
+        lps = None
+        if cfg.top_logprobs is not None:
+            lp = shaper.logprobs(z[: m + 1], None if p is None else p[: m + 1])  # (m+1, V)
+            lps = token_logprobs(lp, emitted, cfg.top_logprobs, cfg.token_str)
+    times.verify_s += time.perf_counter() - t0
+    for j, tok in enumerate(emitted):
+        if lps is not None:
+            out.logprobs.append(lps[j])
+        ctx.append(tok)
+        done = out.push(tok)
+        if cfg.grammar is not None and j == m and not done:
+            cfg.grammar.consume(tok)  # accepted tokens were consumed in step 4
+        if done:
+            out.finish(out.finish_reason or "stop")
+            break
+    return m
+
+
+def finish_result(
+    cfg: LoopConfig, times: RowTimes, t_start: float, forwards: int, c: float | None
+) -> Finished:
+    """The request's last item: its result with every counter filled in."""
+    out, stats = cfg.output, cfg.stats
+    stats.finish(len(out.token_ids), forwards, getattr(cfg.proposer, "forwards", 0))
+    stats.draft_s, stats.verify_s = times.draft_s, times.verify_s
+    stats.c = c
+    stats.other_s = max(0.0, time.perf_counter() - t_start - times.draft_s - times.verify_s)
+    return Finished(
+        DecodeResult(
+            token_ids=tuple(out.token_ids),
+            text=out.text,
+            finish_reason=out.finish_reason or "stop",
+            logprobs=tuple(out.logprobs),
+            prompt_tokens=len(cfg.prompt_ids),
+            stats=stats,
+        )
+    )
+
+
 def decode(cfg: LoopConfig, cancelled: Callable[[], bool] | None) -> Iterator[Delta | Finished]:
+    """One request alone: steps 1-9 on its own DynamicCache."""
     t_start = time.perf_counter()
-    stats, out, shaper, target = cfg.stats, cfg.output, cfg.shaper, cfg.target
-    runner = TargetRunner(target)
+    stats, out = cfg.stats, cfg.output
+    runner = TargetRunner(cfg.target)
     ctx = list(cfg.prompt_ids)
-    ctx_limit = target.context_length
+    times = RowTimes()
     # 1. Prefill: cache every prompt token but the last.
     t0 = time.perf_counter()
     with torch.inference_mode():
         if len(ctx) > 1:
             runner.forward(ctx[:-1], keep=1)
     stats.prefill_s = time.perf_counter() - t0 if len(ctx) > 1 else 0.0
-    verify_s = draft_s = 0.0
     while out.finish_reason is None:
-        # 2. Cancellation and room left (max_tokens, context length).
-        if cancelled is not None and cancelled():
-            out.finish("cancelled")
+        plan = plan_step(cfg, ctx, cancelled, times)  # 2-4
+        if plan is None:
             break
-        room = min(cfg.max_tokens - len(out.token_ids), ctx_limit - len(ctx))
-        if room <= 0:
-            out.finish("length")
-            break
-        # 3. Choose k and propose (k = 0: standard decoding).
-        k = 0
-        if cfg.proposer is not None and cfg.policy is not None:
-            k = min(cfg.policy.choose(), room - 1)
-            if cfg.draft_context_length is not None:
-                k = min(k, cfg.draft_context_length - len(ctx) + 1)
-        t0 = time.perf_counter()
-        draft, q = [], None
-        if k > 0 and cfg.proposer is not None:
-            with torch.inference_mode():  # per block: a generator must not leak the mode
-                proposal = cfg.proposer.propose(ctx, k)
-            draft, q = proposal.tokens[:k], proposal.probs
-            stats.k_history.append(k)
-        draft_s += time.perf_counter() - t0
+        # 5. Verify: ONE target forward over [last] + draft -> n + 1 distributions.
         t0 = time.perf_counter()
         with torch.inference_mode():
-            # 4. Grammar masks per position; the draft is cut at forbidden tokens and EOS.
-            draft, consumed, masks = _masks(cfg, draft)
-            n = len(draft)
-            # 5. Verify: ONE target forward over [last] + draft -> n + 1 distributions.
-            tf = time.perf_counter()
-            logits = runner.forward([ctx[-1], *draft])  # (n + 1, V)
-            z = shaper.shape(logits, masks)  # (n + 1, V)
-            if (masks is not None or shaper.allowed is not None) and not bool(
-                torch.isfinite(z).any(dim=-1).all()
-            ):
-                raise GrammarDeadEnd(f"no token is allowed after {len(out.token_ids)} tokens")
-            runner.decode_forwards += 1
-            runner.decode_forward_s += time.perf_counter() - tf
-            # 6. Accept / reject: m accepted, then the recovered or bonus token.
-            if shaper.greedy:
-                p = None
-                verdict = verify_greedy(draft, z.argmax(dim=-1).tolist())
-            else:
-                p = shaper.probs(z)  # (n + 1, V)
-                q_n = None if q is None else q[:n].to(p.device, p.dtype)  # (n, V)
-                d = torch.tensor(draft, dtype=torch.long, device=p.device)  # (n,)
-                verdict = verify_sampled(d, q_n, p, cfg.generator)
-            m, token = verdict.accepted, verdict.token
-            # 7. Roll back: target cache to the committed length - 1, grammar, proposer.
-            runner.crop(len(ctx) + m)
-            if cfg.grammar is not None:
-                cfg.grammar.rollback(consumed - min(m, consumed))
-            if cfg.proposer is not None and n:
-                cfg.proposer.on_verified(m)
-            if cfg.policy is not None and n:
-                cfg.policy.update(n, m)
-            stats.record_verify(n, m)
-            # 8. Emit accepted + recovered/bonus tokens one by one (EOS, stop, max_tokens).
-            emitted = [*draft[:m], token]
-            lps = None
-            if cfg.top_logprobs is not None:
-                lp = shaper.logprobs(z[: m + 1], None if p is None else p[: m + 1])  # (m+1, V)
-                lps = token_logprobs(lp, emitted, cfg.top_logprobs, cfg.token_str)
-        verify_s += time.perf_counter() - t0
-        for j, tok in enumerate(emitted):
-            if lps is not None:
-                out.logprobs.append(lps[j])
-            ctx.append(tok)
-            done = out.push(tok)
-            if cfg.grammar is not None and j == m and not done:
-                cfg.grammar.consume(tok)  # accepted tokens were consumed in step 4
-            if done:
-                out.finish(out.finish_reason or "stop")
-                break
+            logits = runner.forward([ctx[-1], *plan.draft])  # (n + 1, V)
+        runner.decode_forwards += 1
+        runner.decode_forward_s += time.perf_counter() - t0
+        times.verify_s += time.perf_counter() - t0
+        before = len(ctx)
+        m = settle_step(cfg, ctx, plan, logits, times)  # 6-8
+        runner.crop(before + m)  # 7. the cache: every committed token but the last
         # 9. Update c (draft step / target step) for the k policy; stream the delta.
         if cfg.policy is not None and cfg.proposer is not None:
             cfg.policy.observe_c(_measure_c(cfg, runner))
@@ -192,19 +258,7 @@ def decode(cfg: LoopConfig, cancelled: Callable[[], bool] | None) -> Iterator[De
     final = out.delta()
     if final is not None:
         yield final
-    stats.finish(len(out.token_ids), runner.forwards, getattr(cfg.proposer, "forwards", 0))
-    stats.draft_s, stats.verify_s = draft_s, verify_s
-    stats.c = _measure_c(cfg, runner)
-    stats.other_s = max(0.0, time.perf_counter() - t_start - draft_s - verify_s)  # prefill too
-    result = DecodeResult(
-        token_ids=tuple(out.token_ids),
-        text=out.text,
-        finish_reason=out.finish_reason or "stop",
-        logprobs=tuple(out.logprobs),
-        prompt_tokens=len(cfg.prompt_ids),
-        stats=stats,
-    )
-    yield Finished(result)
+    yield finish_result(cfg, times, t_start, runner.forwards, _measure_c(cfg, runner))
 
 
 def _measure_c(cfg: LoopConfig, runner: TargetRunner) -> float | None:

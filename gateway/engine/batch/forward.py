@@ -1,0 +1,83 @@
+"""One target forward for many rows of a SlotCache: each row's own tokens, positions and mask.
+
+Row r feeds tokens t_r,0..t_r,n-1 at positions length[r]..length[r]+n-1 (its committed
+length onward). Rows are right-padded to the longest; position ids are each row's own; the
+mask lets query j of row r see exactly positions 0..length[r]+j of its own slot (sliding
+window models also hide positions older than the window). A padded query sees the row's
+committed positions only (its output is dropped). After the forward the caller commits
+what it keeps by setting `cache.length[slot]`; nothing is copied or cropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gateway.engine.batch.slots import SlotCache
+
+
+def batched_forward(
+    model: Any,
+    kwarg: str,
+    cache: SlotCache,
+    slots: list[int],
+    tokens: list[list[int]],
+    device: torch.device,
+    keep_last: bool = False,
+) -> list[torch.Tensor]:
+    """Logits per row: (len(tokens[r]), V) each, or (1, V) of the last token with keep_last.
+    Writes each row's tokens into its slot at length[slot].. (the caller commits)."""
+    b, t = len(slots), max(len(x) for x in tokens)
+    starts = [cache.length[s] for s in slots]
+    if any(st + t > cache.capacity for st in starts):
+        raise ValueError("a row would write past its slot's capacity")
+    ids = torch.zeros((b, t), dtype=torch.long)  # (B, T), right-padded
+    for r, row in enumerate(tokens):
+        ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+    offsets = torch.arange(t)  # (T,)
+    start = torch.tensor(starts, dtype=torch.long)  # (B,)
+    positions = start[:, None] + offsets[None, :]  # (B, T) write positions
+    lengths = torch.tensor([len(x) for x in tokens], dtype=torch.long)  # (B,)
+    # a padded query j >= n_r looks only at the committed positions (< start)
+    last_seen = torch.where(offsets[None, :] < lengths[:, None], positions, start[:, None] - 1)
+    span = int((start + lengths).max())
+    keys = torch.arange(span)  # (S,)
+    visible = keys[None, None, :] <= last_seen[:, :, None]  # (B, T, S)
+    window = _sliding_window(model)
+    if window is not None:
+        visible &= keys[None, None, :] > last_seen[:, :, None] - window
+    visible |= (last_seen < 0)[:, :, None] & (keys == 0)[None, None, :]  # empty row: no NaN
+    dtype = _float_dtype(model)
+    mask = torch.zeros((b, 1, t, span), dtype=dtype)  # (B, 1, T, S) additive
+    mask.masked_fill_(~visible[:, None], torch.finfo(dtype).min)
+
+    cache.step_rows = torch.tensor(slots, dtype=torch.long)[:, None].to(device)  # (B, 1)
+    cache.step_positions = positions.to(device)
+    lo = min(slots)
+    cache.step_range = (lo, lo + b) if slots == list(range(lo, lo + b)) else None
+    cache.step_span = span
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        use_cache=True,
+        **{kwarg: cache},
+    )
+    logits = out.logits  # (B, T, V)
+    if keep_last:
+        return [logits[r, len(x) - 1 : len(x)] for r, x in enumerate(tokens)]
+    return [logits[r, : len(x)] for r, x in enumerate(tokens)]
+
+
+def _sliding_window(model: Any) -> int | None:
+    cfg = getattr(model, "config", None)
+    window = getattr(cfg, "sliding_window", None)
+    if window is None or getattr(cfg, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
+def _float_dtype(model: Any) -> torch.dtype:
+    dtype = getattr(model, "dtype", torch.float32)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32

@@ -1,0 +1,101 @@
+"""A KV cache of fixed slots: one row per request, each with its own committed length.
+
+Layout per layer: keys and values of shape (slots, kv_heads, capacity, head_dim), allocated
+on the first forward. Slot s holds its request's committed tokens at positions
+0..length[s]-1. A forward writes the new tokens of each row at positions length[s]..,
+and the attention mask (built by `batched_forward`) lets each query see only its own
+row's positions up to itself, so:
+
+- rows of different lengths share one forward without padding their caches;
+- rolling back rejected draft tokens is lowering `length[s]` (the stale entries past it
+  are never attended and are overwritten by the next forward): no cropping, no copies;
+- a row joins by taking a free slot and leaves by freeing it.
+
+This is the layout a compiled step can follow: the buffers are pre-allocated and the
+shapes of a step are (rows, tokens) with rows <= slots.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class SlotLayer(CacheLayerMixin):
+    """One attention layer's slot buffers; `update` writes where the cache says."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, owner: SlotCache) -> None:
+        super().__init__()
+        self._owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        o = self._owner
+        _, heads, _, dim = key_states.shape  # (B, H, T, D)
+        shape = (o.slots, heads, o.capacity, dim)
+        self.keys = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+        vdim = value_states.shape[-1]
+        vshape = (o.slots, heads, o.capacity, vdim)
+        self.values = torch.zeros(vshape, dtype=value_states.dtype, device=value_states.device)
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        assert self.keys is not None and self.values is not None
+        o = self._owner
+        rows, pos = o.step_rows, o.step_positions  # (B, 1), (B, T)
+        self.keys[rows, :, pos] = key_states.transpose(1, 2)  # (B, T, H, D) into the slots
+        self.values[rows, :, pos] = value_states.transpose(1, 2)
+        span = o.step_span
+        if o.step_range is not None:  # contiguous rows: views, no copy
+            a, b = o.step_range
+            return self.keys[a:b, :, :span], self.values[a:b, :, :span]
+        index = rows[:, 0]
+        return self.keys[index, :, :span], self.values[index, :, :span]  # (B, H, span, D)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._owner.step_span, 0
+
+    def get_seq_length(self) -> int:
+        return self._owner.step_span
+
+    def get_max_length(self) -> int:
+        return self._owner.capacity
+
+
+class SlotCache(Cache):
+    """`slots` rows of up to `capacity` tokens each, for `layers` attention layers."""
+
+    def __init__(self, layers: int, slots: int, capacity: int) -> None:
+        self.slots = slots
+        self.capacity = capacity
+        self.length = [0] * slots  # committed tokens in each slot
+        self.free = list(range(slots - 1, -1, -1))
+        # Set by batched_forward for the duration of one forward:
+        self.step_rows = torch.zeros((0, 1), dtype=torch.long)  # (B, 1) slot of each row
+        self.step_positions = torch.zeros((0, 0), dtype=torch.long)  # (B, T) write positions
+        self.step_range: tuple[int, int] | None = None
+        self.step_span = 0  # keys returned: positions 0..span-1
+        super().__init__(layers=[SlotLayer(self) for _ in range(layers)])
+
+    def take(self) -> int:
+        """A free slot (its length reset to 0); raises IndexError when all are taken."""
+        slot = self.free.pop()
+        self.length[slot] = 0
+        return slot
+
+    def release(self, slot: int) -> None:
+        self.length[slot] = 0
+        self.free.append(slot)
+
+    @property
+    def in_use(self) -> int:
+        return self.slots - len(self.free)

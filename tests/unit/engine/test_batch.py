@@ -1,0 +1,197 @@
+"""Continuous batching: a request's output does not depend on who else is in the batch.
+
+Every request decodes alone (Engine.run, its own DynamicCache) and inside mixed batches:
+other prompt lengths, standard and speculative neighbours (draft model, prompt lookup),
+a grammar-constrained neighbour, neighbours joining and leaving at different steps, on
+Llama, Qwen2, Mistral and GPT-2 targets. Greedy rows must give the same tokens; a seeded
+sampled row the same tokens too (its generator, k and arithmetic are its own). The batch's
+one shared forward rounds like the single forward up to ~1e-7 (fp32), so a parting could
+only come at an exact near-tie; tiny random models have none at these lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from gateway.engine import (
+    DecodeRequest,
+    DecodeResult,
+    Engine,
+    LoadedModel,
+    SamplingParams,
+    TokenSequencesGrammar,
+    wrap_model,
+)
+from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.slots import SlotCache
+from gateway.engine.models import cache_kwarg
+from gateway.engine.schema import Finished
+
+from .conftest import CONTEXT
+
+PROMPTS = [(10, 20, 30, 40, 50), (7,), (3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8), (11, 12, 11, 12, 11)]
+
+
+def _shape(vocab: int, eos: int) -> dict[str, int | float]:
+    return {
+        "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": CONTEXT,
+        "initializer_range": 0.1, "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos,
+    }  # fmt: skip
+
+
+def _qwen2(vocab: int, eos: int) -> Qwen2ForCausalLM:
+    torch.manual_seed(4)
+    cfg = Qwen2Config(**_shape(vocab, eos))
+    return Qwen2ForCausalLM(cfg)
+
+
+def _mistral(vocab: int, eos: int) -> MistralForCausalLM:
+    torch.manual_seed(5)
+    cfg = MistralConfig(**_shape(vocab, eos), sliding_window=16)
+    return MistralForCausalLM(cfg)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral", "gpt2"])
+def target(request, llama_lm, gpt2_lm, tokenizer) -> LoadedModel:
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    if request.param == "llama":
+        return llama_lm
+    if request.param == "gpt2":
+        return gpt2_lm
+    build = _qwen2 if request.param == "qwen2" else _mistral
+    return wrap_model(build(vocab, eos).eval(), tokenizer)
+
+
+@dataclass
+class Job:
+    join_at: int  # the batch step before which it joins
+    req: DecodeRequest
+    draft: LoadedModel | None = None
+
+
+def run_batch(engine: Engine, jobs: list[Job], max_rows: int = 8) -> list[DecodeResult]:
+    batch = engine.batch(max_rows)
+    rows, results, step = {}, {}, 0
+    while len(results) < len(jobs):
+        for i, job in enumerate(jobs):
+            if job.join_at == step:
+                rows[id(batch.add(engine.prepare(job.req, job.draft)))] = i
+        for row, events in batch.step():
+            for e in events:
+                assert not isinstance(e, Exception), e
+                if isinstance(e, Finished):
+                    results[rows[id(row)]] = e.result
+        step += 1
+        assert step < 2000, "the batch did not finish"
+    return [results[i] for i in range(len(jobs))]
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n)
+
+
+def mixed_jobs(engine: Engine, draft: LoadedModel) -> list[Job]:
+    words = ["def add(a, b):", "return a + b", "return None", "for i in"]
+    seqs = [engine.tokenizer(w, add_special_tokens=False)["input_ids"] for w in words]
+    spec = {"mode": "speculative", "k_min": 1, "k_max": 5}
+    return [
+        Job(0, DecodeRequest(PROMPTS[0], greedy(20))),
+        Job(0, DecodeRequest(PROMPTS[1], greedy(30), proposer="draft", **spec), draft),
+        Job(1, DecodeRequest(PROMPTS[2], greedy(12), proposer="prompt_lookup", **spec)),
+        Job(3, DecodeRequest(PROMPTS[3], greedy(25), grammar=TokenSequencesGrammar(seqs, True))),
+        Job(3, DecodeRequest(PROMPTS[0], greedy(8), proposer="draft", **spec), draft),
+        Job(9, DecodeRequest(PROMPTS[2], greedy(16))),
+    ]
+
+
+def test_a_mixed_batch_gives_every_row_its_alone_output(target, draft_lm) -> None:
+    engine = Engine(target)
+    solo = [engine.run(j.req, j.draft) for j in mixed_jobs(engine, draft_lm)]
+    batched = run_batch(engine, mixed_jobs(engine, draft_lm))  # fresh grammars
+    for j, (a, b) in enumerate(zip(solo, batched, strict=True)):
+        assert b.token_ids == a.token_ids, f"row {j} differs in the batch"
+        assert b.finish_reason == a.finish_reason
+    assert any(r.stats.drafted for r in batched)  # speculation really ran inside the batch
+
+
+def test_batch_of_one_and_any_company_agree(llama_lm, draft_lm) -> None:
+    engine = Engine(llama_lm)
+    req = DecodeRequest(PROMPTS[2], greedy(24), mode="speculative", proposer="draft")
+    one = run_batch(engine, [Job(0, req, draft_lm)], max_rows=1)[0]
+    crowd = [Job(0, DecodeRequest(p, greedy(10 + 3 * i))) for i, p in enumerate(PROMPTS)]
+    many = run_batch(engine, [*crowd, Job(2, req, draft_lm)])[-1]
+    assert one.token_ids == many.token_ids == engine.run(req, draft_lm).token_ids
+
+
+def test_a_seeded_sampled_row_keeps_its_text_in_any_company(llama_lm, draft_lm) -> None:
+    engine = Engine(llama_lm)
+    sp = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=123)
+    req = DecodeRequest(PROMPTS[0], sp, mode="speculative", proposer="draft")
+    want = engine.run(req, draft_lm).token_ids
+    noisy = SamplingParams(temperature=1.0, max_tokens=30)  # unseeded neighbours
+    company = [Job(0, DecodeRequest(p, noisy, mode="speculative", proposer="draft"), draft_lm)
+               for p in PROMPTS]  # fmt: skip
+    got = run_batch(engine, [*company, Job(1, req, draft_lm)])[-1]
+    assert got.token_ids == want
+
+
+def test_cancel_frees_the_slot_and_a_full_batch_refuses(llama_lm) -> None:
+    engine = Engine(llama_lm)
+    batch = engine.batch(2)
+    a = batch.add(engine.prepare(DecodeRequest(PROMPTS[0], greedy(50))))
+    batch.add(engine.prepare(DecodeRequest(PROMPTS[1], greedy(50))))
+    with pytest.raises(IndexError):
+        batch.add(engine.prepare(DecodeRequest(PROMPTS[2], greedy(5))))
+    batch.step()
+    batch.cancel(a)
+    assert batch.free == 1
+    batch.add(engine.prepare(DecodeRequest(PROMPTS[2], greedy(5))))  # the freed slot
+
+
+def test_a_cancelled_callback_ends_the_row_with_cancelled(llama_lm) -> None:
+    engine = Engine(llama_lm)
+    batch = engine.batch(2)
+    stop = {"now": False}
+    batch.add(engine.prepare(DecodeRequest(PROMPTS[0], greedy(50))), lambda: stop["now"])
+    batch.step()
+    stop["now"] = True
+    (_, events), *_ = batch.step()
+    assert isinstance(events[-1], Finished) and events[-1].result.finish_reason == "cancelled"
+    assert batch.free == 2
+
+
+def test_a_long_prompt_is_prefilled_in_chunks(llama_lm) -> None:
+    """An arrival's prompt enters the cache one chunk per step, and decodes the same."""
+    engine = Engine(llama_lm)
+    prompt = tuple((i * 7) % 200 + 3 for i in range(60))
+    batch = engine.batch(2)
+    batch.prefill_chunk = 16
+    row = batch.add(engine.prepare(DecodeRequest(prompt, greedy(6))))
+    for _ in range(3):
+        batch.step()
+        assert row.prefilling  # 16, 32, 48 of 59 tokens
+    results = run_batch(engine, [Job(0, DecodeRequest(prompt, greedy(6)))])
+    assert results[0].token_ids == engine.run(DecodeRequest(prompt, greedy(6))).token_ids
+
+
+def test_the_shared_forward_matches_single_forwards(target) -> None:
+    """Rows of different lengths, one of them feeding fewer tokens, in one forward."""
+    model, kwarg = target.model, cache_kwarg(target.model)
+    seqs = [list(p) for p in PROMPTS if len(p) > 2]
+    cache = SlotCache(int(model.config.num_hidden_layers), 4, CONTEXT)
+    slots = [cache.take() for _ in seqs]
+    with torch.inference_mode():
+        for s, seq in zip(slots, seqs, strict=True):
+            batched_forward(model, kwarg, cache, [s], [seq[:-2]], target.device)
+            cache.length[s] = len(seq) - 2
+        feeds = [seq[-2:] for seq in seqs]
+        feeds[1] = feeds[1][:1]
+        got = batched_forward(model, kwarg, cache, slots, feeds, target.device)
+        for seq, feed, logits in zip(seqs, feeds, got, strict=True):
+            full = model(input_ids=torch.tensor([seq[: len(seq) - 2 + len(feed)]])).logits[0]
+            torch.testing.assert_close(logits, full[-len(feed) :], rtol=1e-5, atol=1e-5)
