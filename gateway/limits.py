@@ -18,3 +18,16 @@ MAX_SCHEMA_NODES: Final = 20_000
 """Most JSON values (objects, arrays, scalars) in a response_format schema."""
 DEFAULT_MAX_TOKENS: Final = {"completions": 16, "chat.completions": 256}
 """max_tokens when the request sets none (OpenAI's defaults), capped by the context left."""
+MAX_MESSAGES: Final = 2048
+"""Most messages in one chat request (a longer conversation is refused with a 400 naming
+messages before it is templated; the context length bounds what is served anyway)."""
+MAX_PREDICTION_CHARS: Final = 65_536
+"""Longest `prediction` text, in characters (the proposer searches it at every step)."""
+MAX_TEXT_CHARS: Final = 1_048_576
+"""Longest prompt or message text, in characters, before tokenization (1 MiB; the context
+length refuses far less once tokenized, this only bounds the tokenizer's work)."""
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+"""Integers the database and the engine's generators hold (seeds, record ids)."""
+INT32_MAX: Final = 2**31 - 1
+"""Largest value of a 32-bit audit column (top_k is stored as one)."""

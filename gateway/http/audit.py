@@ -4,14 +4,16 @@ tenant inference keys get 403."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Request, get
 from litestar.di import Provide
+from litestar.params import Parameter
 from litestar.response import Stream
 
 from gateway.database import RecordFilter
 from gateway.http.audit_query import Cursor, FilterQuery, Format, Limit, Since, Until, filter_query
+from gateway.limits import INT64_MAX
 from gateway.serving import Services
 from gateway.serving.commands import Principal
 from gateway.serving.errors import GatewayError, invalid
@@ -90,8 +92,13 @@ async def records(
     return {"data": rows, "next_cursor": nxt}
 
 
+RecordId = Annotated[
+    int, Parameter(ge=1, le=INT64_MAX, description="The record's id (its `id` in the list).")
+]
+
+
 @get("/audit/records/{record_id:int}", summary="One audit record")
-async def record(request: Request[Any, Any, Any], record_id: int) -> dict[str, Any]:
+async def record(request: Request[Any, Any, Any], record_id: RecordId) -> dict[str, Any]:
     who = await _who(request)
     row = await _svc(request).store.record(
         record_id, who.tenant_id if who.role == "auditor" else None

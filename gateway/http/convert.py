@@ -3,18 +3,17 @@ the parameter), and quotas -> x-ratelimit-* headers."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
 from gateway.http.schemas import (
+    ROLES,
     ChatCompletionRequest,
     CompletionRequest,
     ContentPart,
     Message,
     TokenizeRequest,
 )
-from gateway.limits import MAX_K, MAX_STOP, MAX_TOP_LOGPROBS
 from gateway.serving.commands import DecodingOverride, Generate, SamplingParams
 from gateway.serving.errors import invalid
 from gateway.serving.ratelimit import Quota
@@ -40,7 +39,7 @@ def _messages(messages: list[Message]) -> tuple[dict[str, str], ...]:
         raise invalid("messages must contain at least one message", "messages")
     out = []
     for i, m in enumerate(messages):
-        if m.role not in ("system", "developer", "user", "assistant", "tool"):
+        if m.role not in ROLES:
             raise invalid(f"unknown role '{m.role}'", f"messages[{i}].role")
         role = "system" if m.role == "developer" else m.role
         out.append({"role": role, "content": _text(m.content, f"messages[{i}].content")})
@@ -52,17 +51,11 @@ def _common(
 ) -> dict[str, Any]:
     if body.n not in (None, 1):
         raise invalid("n > 1 is not supported: this gateway returns one choice per request", "n")
-    if max_tokens is not None and max_tokens < 1:
-        raise invalid(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    # Ranges, lengths and counts are the structs' constraints (schemas.py), enforced when
+    # the body is decoded; what is left here are the rules OpenAI's parameters carry.
     temperature = 1.0 if body.temperature is None else body.temperature
-    if not 0.0 <= temperature <= 2.0 or math.isnan(temperature):
-        raise invalid(f"temperature must be in [0, 2], got {temperature}", "temperature")
     top_p = 1.0 if body.top_p is None else body.top_p
-    if not 0.0 < top_p <= 1.0:
-        raise invalid(f"top_p must be in (0, 1], got {top_p}", "top_p")
     top_k = body.top_k or 0
-    if top_k < 0:
-        raise invalid(f"top_k must be >= 0, got {top_k}", "top_k")
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(body, name)
         if value not in (None, 0, 0.0):
@@ -74,25 +67,13 @@ def _common(
         stop = (body.stop,)
     elif body.stop:
         stop = tuple(body.stop)
-    if len(stop) > MAX_STOP or any(not s for s in stop):
-        raise invalid(f"stop takes up to {MAX_STOP} non-empty strings", "stop")
-    bias: list[tuple[int, float]] = []
-    for key, value in (body.logit_bias or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise invalid(f"logit_bias keys must be token ids, got '{key}'", "logit_bias") from None
-        if not -100.0 <= value <= 100.0:
-            raise invalid(f"logit_bias values must be in [-100, 100], got {value}", "logit_bias")
-        bias.append((token, float(value)))
+    bias = [(int(token), float(value)) for token, value in (body.logit_bias or {}).items()]
     prediction = None
     if body.prediction is not None:
         prediction = _text(body.prediction.content, "prediction.content")
     decoding = None
     if body.decoding is not None:
         d = body.decoding
-        if d.k is not None and not 1 <= d.k <= MAX_K:
-            raise invalid(f"decoding.k must be in [1, {MAX_K}], got {d.k}", "decoding.k")
         decoding = DecodingOverride(mode=d.mode, proposer=d.proposer, k=d.k)
     response_format = None
     if body.response_format is not None and body.response_format.type != "text":
@@ -137,8 +118,6 @@ def to_command(body: ChatCompletionRequest | CompletionRequest) -> Generate:
         top = body.top_logprobs or 0
         if top and not body.logprobs:
             raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
-        if not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise invalid(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
         return _with_logprobs(
             Generate(endpoint="chat.completions", messages=_messages(body.messages),
                      **_common(body, max_tokens)),
@@ -151,8 +130,6 @@ def to_command(body: ChatCompletionRequest | CompletionRequest) -> Generate:
         raise invalid("suffix is not supported", "suffix")
     prompt = _prompt(body.prompt)
     n_lp = body.logprobs
-    if n_lp is not None and not 0 <= n_lp <= MAX_TOP_LOGPROBS:
-        raise invalid(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
     return _with_logprobs(
         Generate(endpoint="completions", prompt=prompt, **_common(body, body.max_tokens)),
         n_lp is not None,

@@ -56,20 +56,25 @@ def on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response
         429: "rate_limited",
         503: "unavailable",
     }.get(exc.status_code)
-    message = exc.detail
+    message, param = exc.detail, None
     if isinstance(exc, ValidationException) and exc.extra:
-        message = f"{exc.detail}: {exc.extra}"
+        first = exc.extra[0] if isinstance(exc.extra, list) else None
+        if isinstance(first, dict) and "key" in first:  # Litestar's parameter validation
+            message, param = f"{exc.detail}: {first.get('message')}", first["key"]
+        else:
+            message = f"{exc.detail}: {exc.extra}"
     if kind is None:
         body = {
             "error": {
                 "message": message,
                 "type": "invalid_request_error" if exc.status_code < 500 else "server_error",
-                "param": None,
+                "param": param,
                 "code": None,
             }
         }
         return Response(content=body, status_code=exc.status_code, headers=exc.headers)
-    return error_response(GatewayError(kind, str(message)), exc.headers)  # type: ignore[arg-type]
+    err = GatewayError(kind, str(message), param=param)  # type: ignore[arg-type]
+    return error_response(err, exc.headers)
 
 
 def on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

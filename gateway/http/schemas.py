@@ -1,27 +1,74 @@
 """Request bodies in OpenAI's shapes (msgspec structs), decoded by the controllers so
-that every malformed body becomes a 400 in OpenAI's error shape naming the parameter."""
+that every malformed body becomes a 400 in OpenAI's error shape naming the parameter.
+
+The constraints are msgspec ``Meta`` on the fields: the decoder enforces them and
+/schema/openapi.json publishes the same ones (`gateway.http.contract` documents these
+structs with msgspec's own JSON schema), so the document and the gateway cannot disagree.
+A rule the serving layer words itself (``n``, the penalties, ``echo``) is documented with
+``extra_json_schema`` and checked in `convert`."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
+
+from gateway.limits import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_K,
+    MAX_MESSAGES,
+    MAX_PREDICTION_CHARS,
+    MAX_STOP,
+    MAX_TEXT_CHARS,
+    MAX_TOP_LOGPROBS,
+)
+
+Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
+Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
+StopString = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
+TokenId = Annotated[str, Meta(pattern=r"^-?[0-9]{1,18}$", description="A token id, as text.")]
+Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
+ROLES = ("system", "developer", "user", "assistant", "tool")
+"""Message roles served (developer is read as system)."""
+ONLY_ZERO = Meta(
+    description="Not supported (it would change the target distribution): only 0.",
+    extra_json_schema={"minimum": 0, "maximum": 0},
+)
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
-    type: str
-    text: str | None = None
+    type: Annotated[str, Meta(description="Only 'text' parts are served.")]
+    text: Text | None = None
 
 
 class Message(msgspec.Struct, kw_only=True):
-    role: str
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    role: Annotated[
+        str,
+        Meta(
+            description="system, developer (read as system), user, assistant or tool.",
+            extra_json_schema={"enum": list(ROLES)},
+        ),
+    ]
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
 
 
 class Prediction(msgspec.Struct, kw_only=True):
     type: Literal["content"] = "content"
-    content: str | list[ContentPart]
+    content: (
+        Annotated[
+            str,
+            Meta(
+                max_length=MAX_PREDICTION_CHARS,
+                description="Expected output (OpenAI predicted outputs); a proposer drafts it.",
+            ),
+        ]
+        | Annotated[list[ContentPart], Meta(max_length=MAX_PREDICTION_CHARS)]
+    )
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -45,49 +92,77 @@ class Decoding(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     mode: Literal["auto", "speculative", "standard"] = "auto"
     proposer: Literal["draft", "prompt_lookup", "prediction"] | None = None
-    k: int | None = None
+    k: Annotated[int, Meta(ge=1, le=MAX_K, description="Draft tokens per step.")] | None = None
 
 
 class _Common(msgspec.Struct, kw_only=True):
     model: str
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_tokens: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0, description="Default 1.")] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0, description="Default 1.")] | None = None
+    top_k: Annotated[int, Meta(ge=0, le=INT32_MAX, description="0 = no cut.")] | None = None
+    max_tokens: Annotated[int, Meta(ge=1, le=INT64_MAX)] | None = None
+    stop: StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP)] | None = None
+    seed: Int64 | None = None
+    n: (
+        Annotated[
+            int,
+            Meta(
+                description="Choices per request: this gateway returns one.",
+                extra_json_schema={"minimum": 1, "maximum": 1},
+            ),
+        ]
+        | None
+    ) = None
     stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None
+    stream_options: Annotated[StreamOptions, Meta(description="Only with stream: true.")] | None = (
+        None
+    )
+    logit_bias: dict[TokenId, Bias] | None = None
     prediction: Prediction | None = None
     decoding: Decoding | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: Annotated[float, ONLY_ZERO] | None = None
+    frequency_penalty: Annotated[float, ONLY_ZERO] | None = None
     user: str | None = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
-    messages: list[Message]
-    max_completion_tokens: int | None = None
+    messages: Annotated[list[Message], Meta(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: Annotated[int, Meta(ge=1, le=INT64_MAX)] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: (
+        Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS, description="Needs logprobs: true.")] | None
+    ) = None
     response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
-    prompt: str | list[Any]
-    """A string, a list of token ids, or a one-element list of either."""
-    logprobs: int | None = None
-    echo: bool | None = False
-    suffix: str | None = None
+    prompt: Annotated[
+        Text | Annotated[list[int | Text | list[int]], Meta(min_length=1)],
+        Meta(description="A string, a list of token ids, or a one-element list of either."),
+    ]
+    logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    echo: (
+        Annotated[
+            bool,
+            Meta(description="Not supported: only false.", extra_json_schema={"enum": [False]}),
+        ]
+        | None
+    ) = False
+    suffix: (
+        Annotated[
+            str, Meta(description="Not supported: only empty.", extra_json_schema={"maxLength": 0})
+        ]
+        | None
+    ) = None
     response_format: ResponseFormat | None = None
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """Exactly one of prompt or messages."""
+
     model: str
-    prompt: str | None = None
-    messages: list[Message] | None = None
+    prompt: Text | None = None
+    messages: Annotated[list[Message], Meta(min_length=1, max_length=MAX_MESSAGES)] | None = None
 
 
 class TenantCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -99,20 +174,28 @@ class KeyCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     role: Literal["tenant", "auditor"] = "tenant"
 
 
+_AT = re.compile(r" - at `(?:key` in `)?\$\.?(?P<path>[^`]*)`$")
+
+
+def _param(message: str) -> str | None:
+    """The parameter a msgspec error names: ``$.messages[0].role`` -> ``messages[0].role``, a
+    missing field with its path; a dict's key or value (``$.logit_bias[...]``) names the dict."""
+    found = _AT.search(message)
+    at = found.group("path").replace("[...]", "") if found else ""
+    if message.startswith("Object missing required field `"):
+        field = message.split("`")[1]
+        return f"{at}.{field}" if at else field
+    return at or None
+
+
 def decode(body: bytes, kind: type[Any]) -> Any:
-    """Decode a JSON body into ``kind``; raises ValueError(message, param) on bad input."""
+    """Decode a JSON body into ``kind``; raises BodyError(message, param) on bad input."""
     if not body:
         raise BodyError("the request body is empty; send a JSON object", None)
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        param = None
-        if " - at `$." in text:
-            param = text.rsplit(" - at `$.", 1)[1].rstrip("`")
-        elif "missing required field" in text:
-            param = text.split("`")[1] if "`" in text else None
-        raise BodyError(text, param) from None
+        raise BodyError(str(exc), _param(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise BodyError(f"the request body is not valid JSON: {exc}", None) from None
 
