@@ -40,8 +40,12 @@ class Settings:
     """Model dtype (float32, bfloat16, float16); default fp32 on CPU, bf16 on CUDA."""
     queue_capacity: int = 32
     """Requests that may wait for the inference worker before 503 Overloaded."""
-    max_active: int = 4
-    """Requests the worker interleaves step by step (each keeps its own KV cache)."""
+    max_active: int = 16
+    """Requests the worker runs at once (batch rows of every target, plus admin jobs such
+    as a promotion's regression gate); the others wait in the queue."""
+    max_batch: int = 8
+    """Rows of one target's continuous batch: requests that share every target forward.
+    Each row reserves a KV slot of the target's full context length (see README)."""
     torch_threads: int | None = None
     """CPU threads of the inference thread's torch kernels; default torch's own choice (the
     physical cores). The inference thread is the only one that runs torch."""

@@ -69,6 +69,7 @@ async def build_services(settings: Settings) -> Services:
         settings.queue_capacity,
         settings.max_active,
         on_start=lambda: init_torch_thread(settings.torch_threads),
+        max_batch=settings.max_batch,
     )
     worker.start()
     pool = ModelPool.from_manifest(settings.models, settings.device, settings.dtype, worker.call)

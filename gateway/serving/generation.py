@@ -238,8 +238,8 @@ class GenerationService:
                 grammar=prepared.grammar,
                 k_prior=_k_prior(plan),
             )
-            engine, model = prepared.engine, draft.model if draft else None
-            job = self.worker.submit(lambda cancelled: engine.stream(request, model, cancelled))
+            model = draft.model if draft else None
+            job = self.worker.submit_decode(prepared.engine, request, model)
         except Overloaded as exc:
             self.limiter.settle(ticket, 0)
             raise GatewayError(

@@ -12,13 +12,15 @@ model (``call``) and runs every decoding step; no other thread of the gateway ca
 torch. tests/integration/service/test_inference_thread.py compares its forwards with the
 same forwards in a plain script's main thread.
 
-Each job is an iterator that does one decoding step per ``next()`` (the engine's stream).
-The thread interleaves up to ``max_active`` jobs round-robin, one step each, so concurrent
-clients all make progress; the rest wait in a bounded queue and a full queue is refused at
-once (``Overloaded``) instead of hanging. Calls (model loads) run between two rounds of
-steps, ahead of waiting jobs. Events travel back to the event loop through
-``call_soon_threadsafe``; a cancelled job (client gone) is closed before its next step,
-which frees its slot.
+A decode job (``submit_decode``) becomes a row of its target's continuous batch
+(gateway/engine/batch): every round, each batch advances all its rows by one step in shared
+target forwards, and rows join and leave between rounds, up to ``max_batch`` rows per
+target. Other jobs (``submit``: an iterator doing one step per ``next()``, e.g. the
+regression gate) step round-robin beside them. At most ``max_active`` jobs run at once;
+the rest wait in a bounded queue and a full queue is refused at once (``Overloaded``)
+instead of hanging. Calls (model loads) run between two rounds, ahead of waiting jobs.
+Events travel back to the event loop through ``call_soon_threadsafe``; a cancelled job
+(client gone) ends at its next step, which frees its row.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from gateway.engine import Finished
 
 T = TypeVar("T")
 _DONE = object()
@@ -45,12 +49,23 @@ class Overloaded(Exception):
         self.retry_after = retry_after
 
 
+@dataclass(frozen=True)
+class Decode:
+    """What a decode job runs: a request on an engine (``Engine``), with its draft model."""
+
+    engine: Any
+    request: Any
+    draft: Any = None
+
+
 @dataclass
 class Job:
-    """One request's decoding, seen from the worker."""
+    """One request's decoding, seen from the worker: an iterator job (``make``) or a row of
+    a continuous batch (``decode``)."""
 
-    make: Callable[[Callable[[], bool]], Iterator[Any]]
+    make: Callable[[Callable[[], bool]], Iterator[Any]] | None
     loop: asyncio.AbstractEventLoop
+    decode: Decode | None = None
     out: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -95,10 +110,12 @@ class InferenceWorker:
         max_active: int,
         name: str = "inference",
         on_start: Callable[[], None] | None = None,
+        max_batch: int = 8,
     ) -> None:
         """``on_start`` runs first on the thread (set torch's thread count there)."""
         self.capacity = capacity
         self.max_active = max_active
+        self.max_batch = max_batch
         self._on_start = on_start
         self._inbox: queue.Queue[Job | _Call | None] = queue.Queue()
         self._waiting = 0
@@ -131,11 +148,19 @@ class InferenceWorker:
 
     def submit(self, make: Callable[[Callable[[], bool]], Iterator[Any]]) -> Job:
         """Queue a job; ``make(cancelled)`` builds its step iterator in the worker thread."""
+        return self._enqueue(Job(make=make, loop=asyncio.get_running_loop()))
+
+    def submit_decode(self, engine: Any, request: Any, draft: Any = None) -> Job:
+        """Queue a request as a row of its engine's continuous batch (validated, and its
+        loop wired, by ``engine.prepare`` on the worker thread)."""
+        loop = asyncio.get_running_loop()
+        return self._enqueue(Job(make=None, loop=loop, decode=Decode(engine, request, draft)))
+
+    def _enqueue(self, job: Job) -> Job:
         with self._lock:
             if self._waiting >= self.capacity:
                 raise Overloaded(self._waiting)
             self._waiting += 1
-        job = Job(make=make, loop=asyncio.get_running_loop())
         self._inbox.put(job)
         return job
 
@@ -170,11 +195,12 @@ class InferenceWorker:
             self._on_start()
         waiting: collections.deque[Job] = collections.deque()
         active: list[tuple[Job, Iterator[Any]]] = []
+        batches = _Batches(self.max_batch)
         stopping = False
         while True:
             # 1. Take what arrived: calls run now, jobs join the waiting line. Block only
             #    when there is nothing to step.
-            idle = not active and not waiting and not stopping
+            idle = not active and not batches.rows and not waiting and not stopping
             while True:
                 try:
                     item = self._inbox.get(block=idle)
@@ -188,20 +214,20 @@ class InferenceWorker:
                 else:
                     waiting.append(item)
             # 2. Admit waiting jobs into free slots (after a stop, only those accepted).
-            while waiting and len(active) < self.max_active:
-                job = waiting.popleft()
-                with self._lock:
-                    self._waiting -= 1
-                    self._active += 1
-                try:
-                    active.append((job, job.make(job.cancelled.is_set)))
-                except BaseException as exc:
-                    self._finish(job, exc)
-            if not active:
+            self._admit(waiting, active, batches)
+            if not active and not batches.rows:
                 if stopping and not waiting:
                     return
                 continue
-            # 3. One step of every active job.
+            # 3. One step of every batch (all its rows together), then of every other job.
+            for job, events in batches.step():
+                for event in events:
+                    if isinstance(event, Exception):
+                        self._finish(job, event)
+                        break
+                    job.emit(event)
+                    if isinstance(event, Finished):
+                        self._finish(job, _DONE)
             still: list[tuple[Job, Iterator[Any]]] = []
             for job, steps in active:
                 if job.cancelled.is_set():
@@ -216,6 +242,32 @@ class InferenceWorker:
                     self._finish(job, exc)
             active = still
 
+    def _admit(
+        self, waiting: collections.deque[Job], active: list[tuple[Job, Iterator[Any]]],
+        batches: _Batches,
+    ) -> None:  # fmt: skip
+        """FIFO, skipping a job whose batch is full (others may still fit)."""
+        kept: collections.deque[Job] = collections.deque()
+        while waiting:
+            job = waiting.popleft()
+            if len(active) + batches.rows >= self.max_active or (
+                job.decode is not None and not batches.has_room(job.decode.engine)
+            ):
+                kept.append(job)
+                continue
+            with self._lock:
+                self._waiting -= 1
+                self._active += 1
+            try:
+                if job.decode is not None:
+                    batches.add(job)
+                else:
+                    assert job.make is not None
+                    active.append((job, job.make(job.cancelled.is_set)))
+            except BaseException as exc:
+                self._finish(job, exc)
+        waiting.extend(kept)
+
     def _close(self, job: Job, steps: Iterator[Any]) -> None:
         close = getattr(steps, "close", None)
         if close is not None:
@@ -226,3 +278,41 @@ class InferenceWorker:
         with self._lock:
             self._active -= 1
         job.emit(item)
+
+
+class _Batches:
+    """The continuous batch of each target engine, and which job each row belongs to."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._batches: dict[int, Any] = {}  # id(engine) -> engine.batch(max_rows)
+        self._jobs: dict[int, Job] = {}  # id(row) -> its job
+
+    @property
+    def rows(self) -> int:
+        return len(self._jobs)
+
+    def has_room(self, engine: Any) -> bool:
+        batch = self._batches.get(id(engine))
+        return batch is None or batch.free > 0
+
+    def add(self, job: Job) -> None:
+        d = job.decode
+        assert d is not None
+        batch = self._batches.get(id(d.engine))
+        if batch is None:
+            batch = self._batches[id(d.engine)] = d.engine.batch(self.max_rows)
+        row = batch.add(d.engine.prepare(d.request, d.draft), job.cancelled.is_set)
+        self._jobs[id(row)] = job
+
+    def step(self) -> list[tuple[Job, list[Any]]]:
+        out: list[tuple[Job, list[Any]]] = []
+        for batch in self._batches.values():
+            if not batch.rows:
+                continue
+            for row, events in batch.step():
+                job = self._jobs[id(row)]
+                if row.finished:
+                    del self._jobs[id(row)]
+                out.append((job, events))
+        return out

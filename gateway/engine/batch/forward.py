@@ -57,9 +57,12 @@ def batched_forward(
     lo = min(slots)
     cache.step_range = (lo, lo + b) if slots == list(range(lo, lo + b)) else None
     cache.step_span = span
+    cache.step_single = (slots[0], starts[0]) if b == 1 else None
+    # One row feeding one token sees its whole slot: no mask needed (the fast SDPA path).
+    needs_mask = b > 1 or t > 1 or window is not None
     out = model(
         input_ids=ids.to(device),
-        attention_mask=mask.to(device),
+        attention_mask=mask.to(device) if needs_mask else None,
         position_ids=positions.to(device),
         use_cache=True,
         **{kwarg: cache},

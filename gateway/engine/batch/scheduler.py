@@ -66,7 +66,8 @@ class Row:
 
     @property
     def prefilling(self) -> bool:
-        return self.prefilled < len(self.ctx) - 1
+        """Prompt tokens (all but the last) not yet in the slot."""
+        return self.prefilled < len(self.cfg.prompt_ids) - 1
 
 
 class Batch:
@@ -140,7 +141,7 @@ class Batch:
         if row is None:
             return
         t0 = time.perf_counter()
-        end = min(len(row.ctx) - 1, row.prefilled + self.prefill_chunk)
+        end = min(len(row.cfg.prompt_ids) - 1, row.prefilled + self.prefill_chunk)
         chunk = row.ctx[row.prefilled : end]
         batched_forward(
             self.target.model, self._kwarg, self.cache, [row.slot], [chunk],

@@ -51,10 +51,16 @@ class SlotLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         assert self.keys is not None and self.values is not None
         o = self._owner
+        span = o.step_span
+        if o.step_single is not None:  # one row: a plain slice copy
+            slot, start = o.step_single
+            end = start + key_states.shape[2]
+            self.keys[slot, :, start:end] = key_states[0]  # (H, T, D)
+            self.values[slot, :, start:end] = value_states[0]
+            return self.keys[slot : slot + 1, :, :span], self.values[slot : slot + 1, :, :span]
         rows, pos = o.step_rows, o.step_positions  # (B, 1), (B, T)
         self.keys[rows, :, pos] = key_states.transpose(1, 2)  # (B, T, H, D) into the slots
         self.values[rows, :, pos] = value_states.transpose(1, 2)
-        span = o.step_span
         if o.step_range is not None:  # contiguous rows: views, no copy
             a, b = o.step_range
             return self.keys[a:b, :, :span], self.values[a:b, :, :span]
@@ -84,6 +90,7 @@ class SlotCache(Cache):
         self.step_positions = torch.zeros((0, 0), dtype=torch.long)  # (B, T) write positions
         self.step_range: tuple[int, int] | None = None
         self.step_span = 0  # keys returned: positions 0..span-1
+        self.step_single: tuple[int, int] | None = None  # (slot, start) of a one-row step
         super().__init__(layers=[SlotLayer(self) for _ in range(layers)])
 
     def take(self) -> int:

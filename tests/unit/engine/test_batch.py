@@ -88,7 +88,10 @@ def run_batch(engine: Engine, jobs: list[Job], max_rows: int = 8) -> list[Decode
                     results[rows[id(row)]] = e.result
         step += 1
         assert step < 2000, "the batch did not finish"
-    return [results[i] for i in range(len(jobs))]
+    out = [results[i] for i in range(len(jobs))]
+    if len(jobs) > 1:  # the rows really shared forwards
+        assert batch.forwards < sum(r.stats.target_forwards for r in out)
+    return out
 
 
 def greedy(n: int) -> SamplingParams:

@@ -112,3 +112,36 @@ async def test_the_pool_loads_models_through_its_runner(tmp_path: Path) -> None:
             await pool.target("no-such-model")
     finally:
         worker.stop()
+
+
+async def test_decode_jobs_share_one_target_forward(tmp_path: Path, monkeypatch) -> None:
+    """Three decode jobs on one engine become rows of one batch: forwards carry all three,
+    and each still gets exactly the tokens it gets alone."""
+    from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, load_model
+    from gateway.engine.batch import scheduler
+
+    manifest = load_manifest(tiny_models.build(tmp_path))
+    target = load_model(manifest.targets()[0].path, device="cpu", draft_vocab=False)
+    engine = Engine(target)
+    rows_per_forward: list[int] = []
+    real = scheduler.batched_forward
+
+    def spy(model, kwarg, cache, slots, tokens, device, keep_last=False):  # type: ignore[no-untyped-def]
+        rows_per_forward.append(len(slots))
+        return real(model, kwarg, cache, slots, tokens, device, keep_last)
+
+    monkeypatch.setattr(scheduler, "batched_forward", spy)
+    prompts = [(5, 6, 7), (8, 9), (10, 11, 12, 13)]
+    reqs = [DecodeRequest(p, SamplingParams(temperature=0.0, max_tokens=12)) for p in prompts]
+    worker = started(max_active=8, max_batch=4)
+    try:
+        jobs = [worker.submit_decode(engine, r) for r in reqs]
+        results = []
+        for job in jobs:
+            events = [e async for e in worker.events(job)]
+            assert isinstance(events[-1], Finished)
+            results.append(events[-1].result)
+    finally:
+        worker.stop()
+    assert max(rows_per_forward) == 3, (rows_per_forward, [len(r.token_ids) for r in results])
+    assert [r.token_ids for r in results] == [engine.run(r).token_ids for r in reqs]
