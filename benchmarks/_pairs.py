@@ -25,7 +25,7 @@ class Pair:
     source: str
 
 
-def load_pair(dtype: torch.dtype | None = None, cpu_linear: bool = True) -> Pair:
+def load_pair(dtype: torch.dtype | None = None, cpu_linear: bool | None = None) -> Pair:
     """The demo pair in `dtype` (the engine's default when None); cpu_linear=False keeps
     torch's own nn.Linear forward (see gateway/engine/cpu_linear.py)."""
     if MANIFEST.exists():
@@ -56,7 +56,7 @@ def load_pair(dtype: torch.dtype | None = None, cpu_linear: bool = True) -> Pair
     return random_pair(dtype, cpu_linear)
 
 
-def random_pair(dtype: torch.dtype | None = None, cpu_linear: bool = True) -> Pair:
+def random_pair(dtype: torch.dtype | None = None, cpu_linear: bool | None = None) -> Pair:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 

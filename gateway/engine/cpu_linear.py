@@ -11,10 +11,19 @@ ROWS_MAX rows (long prefills), autograd, and weights no longer fp32 on CPU keep 
 path. The output is laid out as F.linear's (contiguous), so downstream kernels (attention)
 are the ones torch would pick.
 `benchmarks/engine_dtype.py` measures both forwards side by side.
+
+Whether it pays depends on the CPU and its BLAS: on the AMD EPYC machines it was written
+on, verify steps got 20-30% cheaper; on an Intel Xeon with AMX (MKL) the same demo pair
+decoded 2x slower with it (standard 67-70 vs 128-153 tokens/s). So `load_model` measures
+by default (`weight_major_pays`): the model's own forward, a decode and a verify step, in
+both forms, once per process and model shape, and patches only where it is faster.
 """
 
 from __future__ import annotations
 
+import inspect
+import statistics
+import time
 import types
 from typing import Any
 
@@ -37,6 +46,75 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     if b is not None:
         y += b
     return y.view(*x.shape[:-1], w.shape[0])  # (..., out)
+
+
+PROBE_TOKENS = (1, 5)  # a decode step and a verify step of k = 4
+PROBE_REPS = 7
+MARGIN = 0.95  # the weight-major forward must take at most 95% of torch's time
+_verdicts: dict[tuple[Any, ...], bool] = {}
+
+
+def weight_major_pays(model: Any) -> bool:
+    """True when, on this machine, the model's own forward (a decode step and a verify step,
+    on a short KV cache) is faster with the weight-major nn.Linear than with torch's:
+    medians of interleaved repetitions, MARGIN to spare. Measuring whole forwards matters:
+    the per-call overhead of the extra tensor ops is what decides on a fast BLAS. Measured
+    once per model shape (config) and process; leaves the model as it found it."""
+    linears = [
+        m
+        for m in model.modules()
+        if type(m) is nn.Linear
+        and m.weight.dtype == torch.float32
+        and m.weight.device.type == "cpu"
+    ]
+    if not linears:
+        return False
+    key = (
+        type(model).__name__,
+        len(linears),
+        tuple(sorted({tuple(m.weight.shape) for m in linears})),
+    )
+    if key not in _verdicts:
+        _verdicts[key] = _measure(model, linears)
+    return _verdicts[key]
+
+
+def _fp32_cpu(w: torch.Tensor) -> bool:
+    return w.dtype == torch.float32 and w.device.type == "cpu"
+
+
+def _measure(model: Any, linears: list[nn.Linear]) -> bool:
+    from transformers import DynamicCache
+
+    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    ids = torch.arange(16) % vocab  # (16,)
+
+    def step_time() -> float:
+        total = 0.0
+        for t in PROBE_TOKENS:
+            cache = DynamicCache()
+            model(input_ids=ids[None, :8], use_cache=True, **{kwarg: cache})
+            t0 = time.perf_counter()
+            model(input_ids=ids[None, 8 : 8 + t], use_cache=True, **{kwarg: cache})
+            total += time.perf_counter() - t0
+        return total
+
+    timings: dict[bool, list[float]] = {True: [], False: []}
+    with torch.inference_mode():
+        for rep in range(PROBE_REPS + 2):  # 2 warm-ups
+            for weight_major in (False, True):
+                for m in linears:
+                    if weight_major:
+                        m.forward = types.MethodType(_forward, m)  # type: ignore[method-assign]
+                    elif "forward" in m.__dict__:
+                        del m.forward
+                t = step_time()
+                if rep >= 2:
+                    timings[weight_major].append(t)
+        for m in linears:  # as found: torch's forward (the caller patches if it pays)
+            m.__dict__.pop("forward", None)
+    return statistics.median(timings[True]) <= MARGIN * statistics.median(timings[False])
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from gateway.engine.cpu_linear import use_weight_major_linear
+from gateway.engine.cpu_linear import use_weight_major_linear, weight_major_pays
 from gateway.engine.draft_head import DraftHead, build_head, read_draft_vocab
 from gateway.engine.errors import VocabularyMismatch
 
@@ -68,13 +68,15 @@ def wrap_model(
     path: str = "<memory>",
     device: torch.device | None = None,
     draft_vocab: list[int] | None = None,
-    cpu_linear: bool = True,
+    cpu_linear: bool | None = None,
 ) -> LoadedModel:
     """Describe an already-built model (eval mode) as a LoadedModel; with `draft_vocab`, it
     drafts among those token ids only (see draft_head.py). With `cpu_linear`, its fp32 CPU
     nn.Linear layers (in place) and its reduced head get the decode-friendly forward of
-    cpu_linear.py."""
+    cpu_linear.py; None (the default) measures whether that pays on this machine."""
     model.eval()
+    if cpu_linear is None:
+        cpu_linear = weight_major_pays(model)
     if cpu_linear:
         use_weight_major_linear(model)
     param = next(model.parameters())
@@ -96,7 +98,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     draft_vocab: bool = True,
-    cpu_linear: bool = True,
+    cpu_linear: bool | None = None,
 ) -> LoadedModel:
     """AutoModelForCausalLM + AutoTokenizer from a local directory (never the hub).
 
@@ -104,7 +106,8 @@ def load_model(
     "bfloat16") to bf16 on CUDA, fp32 on CPU.
     A `draft_vocab.json` in the directory gives the model a reduced drafting head (used when
     it drafts, never when it is the target); draft_vocab=False ignores that file.
-    cpu_linear=False keeps torch's own nn.Linear forward (see cpu_linear.py).
+    cpu_linear=False keeps torch's own nn.Linear forward, True forces the weight-major one,
+    None (the default) measures which is faster here (see cpu_linear.py).
     """
     dev = torch.device(device) if device is not None else default_device()
     if dtype is None:

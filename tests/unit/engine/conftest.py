@@ -103,14 +103,16 @@ def model_dirs(tmp_path_factory, tokenizer) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def llama_lm(model_dirs) -> LoadedModel:
-    return load_model(model_dirs["llama"], device="cpu")
+    return load_model(
+        model_dirs["llama"], device="cpu", cpu_linear=True
+    )  # the path with its own rounding
 
 
 @pytest.fixture(scope="session")
 def gpt2_lm(model_dirs) -> LoadedModel:
-    return load_model(model_dirs["gpt2"], device="cpu")
+    return load_model(model_dirs["gpt2"], device="cpu", cpu_linear=True)
 
 
 @pytest.fixture(scope="session")
 def draft_lm(model_dirs) -> LoadedModel:
-    return load_model(model_dirs["draft"], device="cpu")
+    return load_model(model_dirs["draft"], device="cpu", cpu_linear=True)

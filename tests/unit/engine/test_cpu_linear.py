@@ -86,8 +86,43 @@ def test_only_fp32_cpu_linear_layers_are_patched() -> None:
     assert patched(model[0]) and not patched(model[2])
 
 
-def test_load_model_patches_by_default_and_can_opt_out(model_dirs) -> None:
-    on = load_model(model_dirs["llama"], device="cpu")
+@pytest.mark.parametrize("pays", [True, False])
+def test_by_default_load_model_patches_where_the_measurement_says(
+    model_dirs, monkeypatch, pays: bool
+) -> None:
+    from gateway.engine import models
+
+    seen = []
+    monkeypatch.setattr(models, "weight_major_pays", lambda m: seen.append(m) or pays)
+    lm = load_model(model_dirs["llama"], device="cpu")
+    lin = [m for m in lm.model.modules() if type(m) is nn.Linear]
+    assert seen == [lm.model] and lin and all(patched(m) == pays for m in lin)
+
+
+def test_the_measurement_compares_both_forms_on_the_models_shapes(model_dirs, monkeypatch) -> None:
+    calls = {"torch": 0, "ours": 0}
+    real_linear, real_f = cpu_linear.linear, cpu_linear.F.linear
+
+    def count(name, fn):
+        def wrapped(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+
+        return wrapped
+
+    monkeypatch.setattr(cpu_linear, "_verdicts", {})
+    monkeypatch.setattr(cpu_linear, "linear", count("ours", real_linear))
+    monkeypatch.setattr(cpu_linear.F, "linear", count("torch", real_f))
+    off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    verdict = cpu_linear.weight_major_pays(off.model)
+    assert isinstance(verdict, bool) and calls["torch"] > 0 and calls["ours"] > 0
+    calls.update(torch=0, ours=0)
+    assert cpu_linear.weight_major_pays(off.model) is verdict  # measured once per shape set
+    assert calls == {"torch": 0, "ours": 0}
+
+
+def test_load_model_patches_when_told_and_can_opt_out(model_dirs) -> None:
+    on = load_model(model_dirs["llama"], device="cpu", cpu_linear=True)
     off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
     lin_on = [m for m in on.model.modules() if type(m) is nn.Linear]
     lin_off = [m for m in off.model.modules() if type(m) is nn.Linear]
@@ -103,7 +138,8 @@ def test_reduced_draft_head_follows_cpu_linear(model_dirs, tmp_path, monkeypatch
     path = tmp_path / "draft"
     shutil.copytree(model_dirs["draft"], path)
     (path / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": [0, 3, 5, 9, 40, 41]}))
-    on, off = load_model(path, device="cpu"), load_model(path, device="cpu", cpu_linear=False)
+    on = load_model(path, device="cpu", cpu_linear=True)
+    off = load_model(path, device="cpu", cpu_linear=False)
     vocab = on.vocab_size
     assert on.draft_head is not None and on.draft_head.weight_major
     assert off.draft_head is not None and not off.draft_head.weight_major
