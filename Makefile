@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test check lint format bench train-demo clean
+.PHONY: run test check lint format fuzz bench train-demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,11 @@ format: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# schemathesis against /schema/openapi.json for FUZZ_MINUTES (tenant, auditor, admin keys).
+FUZZ_MINUTES ?= 10
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.integration.service.fuzz --minutes $(FUZZ_MINUTES)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -31,3 +31,5 @@ INT64_MAX: Final = 2**63 - 1
 """Integers the database and the engine's generators hold (seeds, record ids)."""
 INT32_MAX: Final = 2**31 - 1
 """Largest value of a 32-bit audit column (top_k is stored as one)."""
+MAX_TENANT_NAME: Final = 256
+"""Longest tenant display name (its database column)."""

@@ -3,6 +3,7 @@ tenant inference keys get 403."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -12,7 +13,18 @@ from litestar.params import Parameter
 from litestar.response import Stream
 
 from gateway.database import RecordFilter
-from gateway.http.audit_query import Cursor, FilterQuery, Format, Limit, Since, Until, filter_query
+from gateway.database.audit.queries import decode_cursor
+from gateway.http.audit_query import (
+    MAX_PAGE,
+    STATUS_CODES,
+    Cursor,
+    FilterQuery,
+    Format,
+    Limit,
+    Since,
+    Until,
+    filter_query,
+)
 from gateway.limits import INT64_MAX
 from gateway.serving import Services
 from gateway.serving.commands import Principal
@@ -21,6 +33,10 @@ from gateway.serving.errors import GatewayError, invalid
 
 def _svc(request: Request[Any, Any, Any]) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
+
+
+_DIGITS = re.compile(r"[0-9]{1,19}")
+"""An integer as a query value: ASCII digits only (str.isdigit takes '²', int() does not)."""
 
 
 def _time(value: str | None, name: str) -> datetime | None:
@@ -47,7 +63,8 @@ def _filter(q: FilterQuery, who: Principal) -> RecordFilter:
             )
         tenant = who.tenant_id
     status = q.status
-    if status is not None and not status.isdigit():
+    low, high = STATUS_CODES
+    if status is not None and not (_DIGITS.fullmatch(status) and low <= int(status) <= high):
         raise invalid("status must be an HTTP status code", "status")
     return RecordFilter(
         tenant_id=tenant,
@@ -63,9 +80,23 @@ def _filter(q: FilterQuery, who: Principal) -> RecordFilter:
     )
 
 
+def _cursor(raw: str | None) -> str | None:
+    """A page cursor as the listings (newest first) issued it, checked before any query: a
+    malformed one, or one whose id no database column holds, is a 400 naming cursor."""
+    if raw is None:
+        return None
+    try:
+        after = decode_cursor(raw, "desc")
+    except ValueError as exc:
+        raise invalid(str(exc), "cursor") from None
+    if not 0 <= after <= INT64_MAX:
+        raise invalid("invalid cursor", "cursor")
+    return raw
+
+
 def _limit(raw: str) -> int:
-    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
-        raise invalid("limit must be an integer in [1, 1000]", "limit")
+    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_PAGE:
+        raise invalid(f"limit must be an integer in [1, {MAX_PAGE}]", "limit")
     return int(raw)
 
 
@@ -85,15 +116,18 @@ async def records(
 ) -> dict[str, Any]:
     who = await _who(request)
     store = _svc(request).store
-    try:
-        rows, nxt = await store.records(_filter(filters, who), cursor, _limit(limit))
-    except ValueError as exc:
-        raise invalid(str(exc), "cursor") from None
+    rows, nxt = await store.records(_filter(filters, who), _cursor(cursor), _limit(limit))
     return {"data": rows, "next_cursor": nxt}
 
 
 RecordId = Annotated[
-    int, Parameter(ge=1, le=INT64_MAX, description="The record's id (its `id` in the list).")
+    int,
+    Parameter(
+        ge=1,
+        le=INT64_MAX,
+        description="The record's id (its `id` in the list).",
+        schema_extra={"maximum": INT64_MAX, "minimum": 1},  # exact: Litestar writes floats
+    ),
 ]
 
 
@@ -155,7 +189,7 @@ async def events(
     rows, nxt = await _svc(request).store.events(
         since=_time(since, "since"),
         until=_time(until, "until"),
-        cursor=cursor,
+        cursor=_cursor(cursor),
         limit=_limit(limit),
     )
     return {"data": rows, "next_cursor": nxt}

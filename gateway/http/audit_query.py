@@ -25,6 +25,10 @@ def _query(
 
 
 TIMESTAMP = {"format": OpenAPIFormat.DATE_TIME}
+MAX_PAGE = 1000
+"""Largest page of /audit/records and /audit/events."""
+STATUS_CODES = (100, 599)
+"""The HTTP status codes a record may hold (the status filter's range)."""
 Since = Annotated[
     str | None, _query("Records at or after this ISO 8601 time (with a timezone).", **TIMESTAMP)
 ]
@@ -35,10 +39,10 @@ Cursor = Annotated[str | None, _query("The previous page's next_cursor.")]
 Limit = Annotated[
     str,
     _query(
-        "Page size, an integer in [1, 1000].",
+        f"Page size, an integer in [1, {MAX_PAGE}].",
         type=OpenAPIType.INTEGER,
         minimum=1,
-        maximum=1000,
+        maximum=MAX_PAGE,
         default=100,
     ),
 ]
@@ -76,7 +80,13 @@ def filter_query(
     draft_model: Annotated[str | None, _query("Draft model name.")] = None,
     draft_version: Annotated[str | None, _query("Draft model version.")] = None,
     status: Annotated[
-        str | None, _query("HTTP status code of the response.", type=OpenAPIType.INTEGER)
+        str | None,
+        _query(
+            "HTTP status code of the response.",
+            type=OpenAPIType.INTEGER,
+            minimum=STATUS_CODES[0],
+            maximum=STATUS_CODES[1],
+        ),
     ] = None,
     decision_id: Annotated[str | None, _query("The policy decision's id.")] = None,
 ) -> FilterQuery:

@@ -25,6 +25,7 @@ from litestar import Request
 from litestar.dto import AbstractDTO
 from litestar.typing import FieldDefinition
 
+from gateway.http.contract import body_reference
 from gateway.http.schemas import BodyError, decode
 from gateway.serving.errors import invalid
 
@@ -121,8 +122,11 @@ class JsonBody(AbstractDTO[T]):
     def create_openapi_schema(
         cls, field_definition: FieldDefinition, handler_id: str, schema_creator: SchemaCreator
     ) -> Reference | Schema:
+        kind = cls.documented_type(field_definition)
+        if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+            return body_reference(kind)
         documented = FieldDefinition.from_annotation(
-            cls.documented_type(field_definition),
+            kind,
             name=field_definition.name,
             kwarg_definition=field_definition.kwarg_definition,
         )

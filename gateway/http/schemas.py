@@ -23,9 +23,11 @@ from gateway.limits import (
     MAX_MESSAGES,
     MAX_PREDICTION_CHARS,
     MAX_STOP,
+    MAX_TENANT_NAME,
     MAX_TEXT_CHARS,
     MAX_TOP_LOGPROBS,
 )
+from gateway.serving.admin import TENANT_ID
 
 Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
@@ -166,8 +168,20 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
 
 
 class TenantCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    id: str
-    name: str
+    id: Annotated[
+        str,
+        Meta(
+            description="Lower-case letters, digits, '_' and '-'; at most 63 characters.",
+            extra_json_schema={"pattern": TENANT_ID.pattern},
+        ),
+    ]
+    name: Annotated[
+        str,
+        Meta(
+            max_length=MAX_TENANT_NAME,
+            description="Display name (not blank).",
+        ),
+    ]
 
 
 class KeyCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

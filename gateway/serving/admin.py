@@ -18,7 +18,7 @@ class AdminService:
     async def create_tenant(
         self, tenant_id: str, name: str, actor: str = "admin"
     ) -> dict[str, Any]:
-        if not TENANT_ID.match(tenant_id):
+        if not TENANT_ID.fullmatch(tenant_id):  # match's $ would allow a final newline
             raise invalid("tenant id must match [a-z0-9][a-z0-9_-]{0,62}", "id")
         if not name.strip():
             raise invalid("tenant name must not be empty", "name")
