@@ -73,11 +73,14 @@ STATUSES: dict[str, set[int]] = {
 _STREAMING = {"/v1/chat/completions", "/v1/completions"}
 _EVENT_STREAM = {
     "schema": {
-        "type": "string",
-        "description": "Server-sent events (stream: true): `data: <chunk JSON>` lines, the "
-        "usage chunk when stream_options.include_usage, then `data: [DONE]`.",
+        "type": "object",
+        "description": "One server-sent event (stream: true): each `data` is a chunk's JSON, "
+        "then the usage chunk when stream_options.include_usage, then `[DONE]`.",
+        "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+        "required": ["data"],
     }
 }
+"""Each event of the stream, as OpenAPI 3.2 and schemathesis read an SSE media type's schema."""
 _EXPORT = {
     "application/x-ndjson": {"schema": {"type": "string", "description": "JSON lines."}},
     "text/csv": {"schema": {"type": "string", "description": "CSV with a header row."}},

@@ -52,10 +52,10 @@ class Run:
 
     @property
     def summary(self) -> str:
-        """schemathesis's closing summary (from its last section heading)."""
+        """schemathesis's failures (if any) and closing summary."""
         lines = self.output.splitlines()
-        starts = [i for i, line in enumerate(lines) if "SUMMARY" in line]
-        return "\n".join(lines[starts[-1] :] if starts else lines[-25:])
+        starts = [i for i, line in enumerate(lines) if "FAILURES" in line or "SUMMARY" in line]
+        return "\n".join(lines[starts[0] :] if starts else lines[-25:])
 
 
 def run_schemathesis(

@@ -246,3 +246,27 @@ async def test_audit_query_values_are_checked_after_auth(gw: Gateway) -> None:
     assert r.json()["data"][0]["status"] == 200
     r = await gw.client.get("/audit/export", params={"format": "csv"}, headers=ADMIN)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+
+
+async def test_stream_events_match_the_documented_event_schema(
+    gw: Gateway, openapi: dict[str, Any]
+) -> None:
+    # The long fuzz run's find: the stream was documented as one string, but an SSE media
+    # type's schema describes each event ({data, event, ...}), so every streamed 200 failed.
+    import jsonschema
+
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        ok = openapi["paths"][path]["post"]["responses"]["200"]["content"]
+        schema = ok["text/event-stream"]["schema"]
+        r = await (gw.chat if "chat" in path else gw.complete)(max_tokens=2, stream=True)
+        assert r.headers["content-type"].startswith("text/event-stream"), r.text
+        events = [
+            {"data": block.removeprefix("data: "), "event": "message"}
+            for block in r.text.split("\n\n")
+            if block.startswith("data: ")
+        ]
+        assert events and events[-1]["data"] == "[DONE]"
+        for event in events:
+            jsonschema.validate(event, schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(events[0]["data"], schema)  # a bare string is not an event
