@@ -32,37 +32,27 @@ def batched_forward(
     starts = [cache.length[s] for s in slots]
     if any(st + t > cache.capacity for st in starts):
         raise ValueError("a row would write past its slot's capacity")
-    ids = torch.zeros((b, t), dtype=torch.long)  # (B, T), right-padded
-    for r, row in enumerate(tokens):
-        ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
-    offsets = torch.arange(t)  # (T,)
+    ids = torch.tensor([row + [0] * (t - len(row)) for row in tokens])  # (B, T), right-padded
     start = torch.tensor(starts, dtype=torch.long)  # (B,)
-    positions = start[:, None] + offsets[None, :]  # (B, T) write positions
-    lengths = torch.tensor([len(x) for x in tokens], dtype=torch.long)  # (B,)
-    # a padded query j >= n_r looks only at the committed positions (< start)
-    last_seen = torch.where(offsets[None, :] < lengths[:, None], positions, start[:, None] - 1)
-    span = int((start + lengths).max())
-    keys = torch.arange(span)  # (S,)
-    visible = keys[None, None, :] <= last_seen[:, :, None]  # (B, T, S)
+    positions = start[:, None] + torch.arange(t)[None, :]  # (B, T) write positions
+    span = max(st + len(row) for st, row in zip(starts, tokens, strict=True))
     window = _sliding_window(model)
-    if window is not None:
-        visible &= keys[None, None, :] > last_seen[:, :, None] - window
-    visible |= (last_seen < 0)[:, :, None] & (keys == 0)[None, None, :]  # empty row: no NaN
-    dtype = _float_dtype(model)
-    mask = torch.zeros((b, 1, t, span), dtype=dtype)  # (B, 1, T, S) additive
-    mask.masked_fill_(~visible[:, None], torch.finfo(dtype).min)
-
-    cache.step_rows = torch.tensor(slots, dtype=torch.long)[:, None].to(device)  # (B, 1)
-    cache.step_positions = positions.to(device)
-    lo = min(slots)
-    cache.step_range = (lo, lo + b) if slots == list(range(lo, lo + b)) else None
-    cache.step_span = span
-    cache.step_single = (slots[0], starts[0]) if b == 1 else None
     # One row feeding one token sees its whole slot: no mask needed (the fast SDPA path).
-    needs_mask = b > 1 or t > 1 or window is not None
+    mask = None
+    if b > 1 or t > 1 or window is not None:
+        mask = _mask(positions, start, [len(x) for x in tokens], span, window, _float_dtype(model))
+    if b == 1:
+        cache.step_single = (slots[0], starts[0])
+    else:
+        cache.step_single = None
+        cache.step_rows = torch.tensor(slots, dtype=torch.long)[:, None].to(device)  # (B, 1)
+        cache.step_positions = positions.to(device)
+        lo = min(slots)
+        cache.step_range = (lo, lo + b) if slots == list(range(lo, lo + b)) else None
+    cache.step_span = span
     out = model(
         input_ids=ids.to(device),
-        attention_mask=mask.to(device) if needs_mask else None,
+        attention_mask=None if mask is None else mask.to(device),
         position_ids=positions.to(device),
         use_cache=True,
         **{kwarg: cache},
@@ -71,6 +61,24 @@ def batched_forward(
     if keep_last:
         return [logits[r, len(x) - 1 : len(x)] for r, x in enumerate(tokens)]
     return [logits[r, : len(x)] for r, x in enumerate(tokens)]
+
+
+def _mask(
+    positions: torch.Tensor, start: torch.Tensor, lengths: list[int], span: int,
+    window: int | None, dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    """(B, 1, T, S) additive: query j of row r sees keys 0..start[r] + j of its own slot (a
+    padded query j >= n_r sees the committed keys only), inside the sliding window."""
+    t = positions.shape[1]
+    n = torch.tensor(lengths, dtype=torch.long)  # (B,)
+    last_seen = torch.where(torch.arange(t)[None, :] < n[:, None], positions, start[:, None] - 1)
+    keys = torch.arange(span)  # (S,)
+    visible = keys[None, None, :] <= last_seen[:, :, None]  # (B, T, S)
+    if window is not None:
+        visible &= keys[None, None, :] > last_seen[:, :, None] - window
+    visible |= (last_seen < 0)[:, :, None] & (keys == 0)[None, None, :]  # empty row: no NaN
+    mask = torch.zeros((positions.shape[0], 1, t, span), dtype=dtype)
+    return mask.masked_fill_(~visible[:, None], torch.finfo(dtype).min)
 
 
 def _sliding_window(model: Any) -> int | None:
