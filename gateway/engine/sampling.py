@@ -42,6 +42,9 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_probs = torch.softmax(sorted_logits, dim=-1)  # (n, V)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # (n, V)
     drop_sorted = mass_before >= top_p  # (n, V)
+    # A top_p below float32's smallest value rounds to 0 in the comparison: the first token
+    # must survive all the same (found by the fuzzer: top_p=5e-324 was a 500).
+    drop_sorted[..., 0] = False
     drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)  # (n, V)
     return logits.masked_fill(drop, NEG_INF)
 

@@ -104,6 +104,17 @@ def test_top_p_keeps_smallest_nucleus() -> None:
     assert kept == [True, True, True, False]
 
 
+@pytest.mark.parametrize("top_p", [5e-324, 1e-300, 1e-46])
+def test_a_top_p_below_float32_keeps_the_most_likely_token(top_p: float) -> None:
+    """5e-324 rounds to 0 against float32 probabilities: every token was dropped, softmax
+    gave NaN and sampling raised (a 500 the fuzzer found)."""
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]]))
+    kept = torch.isfinite(apply_top_p(logits, top_p))[0].tolist()
+    assert kept == [False, True, False]
+    p = warp(logits, 1.0, top_p, 0)
+    assert torch.equal(p, torch.tensor([[0.0, 1.0, 0.0]]))
+
+
 def test_verify_greedy() -> None:
     assert verify_greedy([5, 6, 7], [5, 6, 9, 1]) == Verdict(2, 9)
     assert verify_greedy([5, 6, 7], [5, 6, 7, 1]) == Verdict(3, 1)
