@@ -34,7 +34,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gateway.engine import Finished
+from gateway.engine import DecodeRequest, Engine, Finished, LoadedModel
+from gateway.engine.batch.scheduler import Batch, Event
 
 T = TypeVar("T")
 _DONE = object()
@@ -53,9 +54,9 @@ class Overloaded(Exception):
 class Decode:
     """What a decode job runs: a request on an engine (``Engine``), with its draft model."""
 
-    engine: Any
-    request: Any
-    draft: Any = None
+    engine: Engine
+    request: DecodeRequest
+    draft: LoadedModel | None = None
 
 
 @dataclass
@@ -150,7 +151,9 @@ class InferenceWorker:
         """Queue a job; ``make(cancelled)`` builds its step iterator in the worker thread."""
         return self._enqueue(Job(make=make, loop=asyncio.get_running_loop()))
 
-    def submit_decode(self, engine: Any, request: Any, draft: Any = None) -> Job:
+    def submit_decode(
+        self, engine: Engine, request: DecodeRequest, draft: LoadedModel | None = None
+    ) -> Job:
         """Queue a request as a row of its engine's continuous batch (validated, and its
         loop wired, by ``engine.prepare`` on the worker thread)."""
         loop = asyncio.get_running_loop()
@@ -285,14 +288,14 @@ class _Batches:
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
-        self._batches: dict[int, Any] = {}  # id(engine) -> engine.batch(max_rows)
+        self._batches: dict[int, Batch] = {}  # id(engine) -> engine.batch(max_rows)
         self._jobs: dict[int, Job] = {}  # id(row) -> its job
 
     @property
     def rows(self) -> int:
         return len(self._jobs)
 
-    def has_room(self, engine: Any) -> bool:
+    def has_room(self, engine: Engine) -> bool:
         batch = self._batches.get(id(engine))
         return batch is None or batch.free > 0
 
@@ -305,8 +308,8 @@ class _Batches:
         row = batch.add(d.engine.prepare(d.request, d.draft), job.cancelled.is_set)
         self._jobs[id(row)] = job
 
-    def step(self) -> list[tuple[Job, list[Any]]]:
-        out: list[tuple[Job, list[Any]]] = []
+    def step(self) -> list[tuple[Job, list[Event]]]:
+        out: list[tuple[Job, list[Event]]] = []
         for batch in self._batches.values():
             if not batch.rows:
                 continue
