@@ -15,13 +15,8 @@ import sys
 import time
 from typing import Any
 
-import yaml
-
-from benchmarks._server import MANIFEST
-from gateway.engine import DecodeRequest, Engine, SamplingParams, load_model
-
-TARGET = ("demo-code-target", "1")
-DRAFT = ("demo-code-draft", "2")
+from benchmarks._pairs import load_pair
+from gateway.engine import DecodeRequest, Engine, SamplingParams
 
 
 def _cpu_seconds() -> float:
@@ -30,9 +25,8 @@ def _cpu_seconds() -> float:
 
 
 def main(args: dict[str, Any]) -> dict[str, Any]:
-    entries = {(e["name"], e["version"]): e for e in yaml.safe_load(MANIFEST.read_text())["models"]}
-    target = load_model(str(MANIFEST.parent / entries[TARGET]["path"]), draft_vocab=False)
-    draft = load_model(str(MANIFEST.parent / entries[DRAFT]["path"]))
+    pair = load_pair()  # the demo pair as the gateway serves it
+    target, draft = pair.target, pair.drafts["v2"]
     engine = Engine(target)
     ids = [
         tuple(target.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in args["prompts"]

@@ -86,7 +86,6 @@ def decide(bundle: PolicyBundle, ctx: DecisionContext) -> Decision:
     )
     k_min, k_max = policy.speculation.k_min, policy.speculation.k_max
     outcome, k_bounds = _run(policy, ctx, trace, (k_min, k_max))
-    speculative = outcome.mode == "speculative"
     return Decision(
         decision_id=ctx.decision_id,
         policy_revision=bundle.revision,
@@ -105,13 +104,7 @@ def decide(bundle: PolicyBundle, ctx: DecisionContext) -> Decision:
         rule_ids=tuple(trace.rule_ids),
         inputs=MappingProxyType(dict(trace.inputs)),
         dryrun=tuple(trace.dryrun),
-        acceptance=_number(trace.inputs.get("acceptance")) if speculative else None,
-        c=_number(trace.inputs.get("c")) if speculative else None,
     )
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
 
 
 def _run(

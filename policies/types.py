@@ -121,11 +121,23 @@ class Decision:
     inputs: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
     dryrun: tuple[str, ...] = ()
     """Reason codes of dry-run rules that would have changed the outcome."""
-    acceptance: float | None = None
-    """The acceptance rate the cost model used (history or prior); None when it did not run
-    or the request decodes standard. The engine's k policy starts from it and `c`."""
-    c: float | None = None
-    """The cost ratio (proposer step / target step) the cost model used, with `acceptance`."""
+
+    @property
+    def acceptance(self) -> float | None:
+        """The acceptance rate the cost model used (history or prior, from `inputs`); None
+        when the request decodes standard. The engine's k policy starts from it and `c`."""
+        return self._speculative_input("acceptance")
+
+    @property
+    def c(self) -> float | None:
+        """The cost ratio (proposer step / target step) the cost model used."""
+        return self._speculative_input("c")
+
+    def _speculative_input(self, name: str) -> float | None:
+        value = self.inputs.get(name)
+        if self.mode != "speculative" or not isinstance(value, int | float):
+            return None
+        return float(value)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (lists for tuples, plain dict for inputs)."""
@@ -147,8 +159,6 @@ class Decision:
             "rule_ids": list(self.rule_ids),
             "inputs": dict(self.inputs),
             "dryrun": list(self.dryrun),
-            "acceptance": self.acceptance,
-            "c": self.c,
         }
 
 

@@ -21,7 +21,6 @@ both forms, once per process and model shape, and patches only where it is faste
 
 from __future__ import annotations
 
-import inspect
 import statistics
 import time
 import types
@@ -54,7 +53,7 @@ MARGIN = 0.95  # the weight-major forward must take at most 95% of torch's time
 _verdicts: dict[tuple[Any, ...], bool] = {}
 
 
-def weight_major_pays(model: Any) -> bool:
+def weight_major_pays(model: Any, cache_kwarg: str) -> bool:
     """True when, on this machine, the model's own forward (a decode step and a verify step,
     on a short KV cache) is faster with the weight-major nn.Linear than with torch's:
     medians of interleaved repetitions, MARGIN to spare. Measuring whole forwards matters:
@@ -75,7 +74,7 @@ def weight_major_pays(model: Any) -> bool:
         tuple(sorted({tuple(m.weight.shape) for m in linears})),
     )
     if key not in _verdicts:
-        _verdicts[key] = _measure(model, linears)
+        _verdicts[key] = _measure(model, linears, cache_kwarg)
     return _verdicts[key]
 
 
@@ -83,10 +82,10 @@ def _fp32_cpu(w: torch.Tensor) -> bool:
     return w.dtype == torch.float32 and w.device.type == "cpu"
 
 
-def _measure(model: Any, linears: list[nn.Linear]) -> bool:
+def _measure(model: Any, linears: list[nn.Linear], kwarg: str) -> bool:
+    """`kwarg`: the forward's cache argument (models.cache_kwarg)."""
     from transformers import DynamicCache
 
-    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     vocab = int(model.get_output_embeddings().weight.shape[0])
     ids = torch.arange(16) % vocab  # (16,)
 

@@ -76,7 +76,7 @@ def wrap_model(
     cpu_linear.py; None (the default) measures whether that pays on this machine."""
     model.eval()
     if cpu_linear is None:
-        cpu_linear = weight_major_pays(model)
+        cpu_linear = weight_major_pays(model, cache_kwarg(model))
     if cpu_linear:
         use_weight_major_linear(model)
     param = next(model.parameters())

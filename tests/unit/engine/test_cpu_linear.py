@@ -93,7 +93,7 @@ def test_by_default_load_model_patches_where_the_measurement_says(
     from gateway.engine import models
 
     seen = []
-    monkeypatch.setattr(models, "weight_major_pays", lambda m: seen.append(m) or pays)
+    monkeypatch.setattr(models, "weight_major_pays", lambda m, kwarg: seen.append(m) or pays)
     lm = load_model(model_dirs["llama"], device="cpu")
     lin = [m for m in lm.model.modules() if type(m) is nn.Linear]
     assert seen == [lm.model] and lin and all(patched(m) == pays for m in lin)
@@ -114,10 +114,11 @@ def test_the_measurement_compares_both_forms_on_the_models_shapes(model_dirs, mo
     monkeypatch.setattr(cpu_linear, "linear", count("ours", real_linear))
     monkeypatch.setattr(cpu_linear.F, "linear", count("torch", real_f))
     off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    verdict = cpu_linear.weight_major_pays(off.model)
+    kwarg = cache_kwarg(off.model)
+    verdict = cpu_linear.weight_major_pays(off.model, kwarg)
     assert isinstance(verdict, bool) and calls["torch"] > 0 and calls["ours"] > 0
     calls.update(torch=0, ours=0)
-    assert cpu_linear.weight_major_pays(off.model) is verdict  # measured once per shape set
+    assert cpu_linear.weight_major_pays(off.model, kwarg) is verdict  # measured once per shape set
     assert calls == {"torch": 0, "ours": 0}
 
 
