@@ -74,3 +74,10 @@ async def running_gateway(
             f"/admin/tenants/{tenant}/keys", json={"role": "auditor"}, headers=ADMIN
         )
         yield Gateway(client, app, tenant, key, r.json()["key"])
+
+
+@asynccontextmanager
+async def sqlite_gateway(manifest: Path, var: Path, **settings: Any) -> AsyncIterator[Gateway]:
+    """running_gateway on a fresh SQLite database under `var`."""
+    async with running_gateway(manifest, f"sqlite+aiosqlite:///{var}/g.db", var, **settings) as g:
+        yield g

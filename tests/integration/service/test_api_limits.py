@@ -21,7 +21,7 @@ from gateway.limits import (
     MAX_STOP,
     MAX_TEXT_CHARS,
 )
-from tests.integration.service.harness import ADMIN, MODEL, Gateway, running_gateway
+from tests.integration.service.harness import ADMIN, MODEL, Gateway, sqlite_gateway
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 USER = [{"role": "user", "content": "x"}]
@@ -31,8 +31,7 @@ USER = [{"role": "user", "content": "x"}]
 async def gw(
     tiny_manifest: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Gateway]:
-    var = tmp_path_factory.mktemp("var")
-    async with running_gateway(tiny_manifest, f"sqlite+aiosqlite:///{var}/g.db", var) as g:
+    async with sqlite_gateway(tiny_manifest, tmp_path_factory.mktemp("var")) as g:
         yield g
 
 

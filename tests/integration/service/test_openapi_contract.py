@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.integration.service.harness import ADMIN, MODEL, Gateway, running_gateway
+from tests.integration.service.harness import ADMIN, MODEL, Gateway, sqlite_gateway
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -57,8 +57,7 @@ QUERY = {
 async def gw(
     tiny_manifest: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Gateway]:
-    var = tmp_path_factory.mktemp("var")
-    async with running_gateway(tiny_manifest, f"sqlite+aiosqlite:///{var}/g.db", var) as g:
+    async with sqlite_gateway(tiny_manifest, tmp_path_factory.mktemp("var")) as g:
         yield g
 
 
