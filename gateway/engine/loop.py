@@ -19,7 +19,7 @@ from gateway.engine.errors import GrammarDeadEnd
 from gateway.engine.kpolicy import KPolicy
 from gateway.engine.models import LoadedModel, cache_kwarg, crop_cache, forward_logits
 from gateway.engine.output import OutputBuilder, token_logprobs
-from gateway.engine.proposers.base import Proposer
+from gateway.engine.proposers.base import Proposal, Proposer
 from gateway.engine.sampling import LogitsShaper
 from gateway.engine.schema import DecodeResult, Delta, Finished
 from gateway.engine.stats import DecodeStats
@@ -106,6 +106,9 @@ class StepPlan:
     masks: torch.Tensor | None  # grammar masks, (n + 1, V)
 
 
+NO_PROPOSAL = Proposal([])
+
+
 class RowTimes:
     """Wall time of one request's proposing and verifying (stats.draft_s / verify_s)."""
 
@@ -114,11 +117,10 @@ class RowTimes:
         self.verify_s = 0.0
 
 
-def plan_step(
-    cfg: LoopConfig, ctx: list[int], cancelled: Callable[[], bool] | None, times: RowTimes
-) -> StepPlan | None:
-    """Steps 2-4; None when the request is finished (cancelled, or no room left)."""
-    out, stats = cfg.output, cfg.stats
+def plan_k(cfg: LoopConfig, ctx: list[int], cancelled: Callable[[], bool] | None) -> int | None:
+    """Steps 2-3a: this step's k (0: standard); None when the request is finished
+    (cancelled, or no room left)."""
+    out = cfg.output
     # 2. Cancellation and room left (max_tokens, context length).
     if cancelled is not None and cancelled():
         out.finish("cancelled")
@@ -127,26 +129,41 @@ def plan_step(
     if room <= 0:
         out.finish("length")
         return None
-    # 3. Choose k and propose (k = 0: standard decoding).
+    # 3a. Choose k (k = 0: standard decoding).
     k = 0
     if cfg.proposer is not None and cfg.policy is not None:
         k = min(cfg.policy.choose(), room - 1)
         if cfg.draft_context_length is not None:
             k = min(k, cfg.draft_context_length - len(ctx) + 1)
-    t0 = time.perf_counter()
-    draft, q = [], None
-    if k > 0 and cfg.proposer is not None:
-        with torch.inference_mode():  # per block: a generator must not leak the mode
-            proposal = cfg.proposer.propose(ctx, k)
-        draft, q = proposal.tokens[:k], proposal.probs
-        stats.k_history.append(k)
-    times.draft_s += time.perf_counter() - t0
+    return max(k, 0)
+
+
+def plan_masks(cfg: LoopConfig, k: int, proposal: Proposal, times: RowTimes) -> StepPlan:
+    """Step 4 after the proposal (3b) for this step's k."""
+    if k > 0:
+        cfg.stats.k_history.append(k)
     t0 = time.perf_counter()
     with torch.inference_mode():
         # 4. Grammar masks per position; the draft is cut at forbidden tokens and EOS.
-        draft, consumed, masks = _masks(cfg, draft)
+        draft, consumed, masks = _masks(cfg, proposal.tokens[:k])
     times.verify_s += time.perf_counter() - t0
-    return StepPlan(draft, q, consumed, masks)
+    return StepPlan(draft, proposal.probs, consumed, masks)
+
+
+def plan_step(
+    cfg: LoopConfig, ctx: list[int], cancelled: Callable[[], bool] | None, times: RowTimes
+) -> StepPlan | None:
+    """Steps 2-4 of a request alone; None when it is finished."""
+    k = plan_k(cfg, ctx, cancelled)
+    if k is None:
+        return None
+    t0 = time.perf_counter()
+    proposal = NO_PROPOSAL
+    if k > 0 and cfg.proposer is not None:
+        with torch.inference_mode():  # per block: a generator must not leak the mode
+            proposal = cfg.proposer.propose(ctx, k)  # 3b.
+    times.draft_s += time.perf_counter() - t0
+    return plan_masks(cfg, k, proposal, times)
 
 
 def settle_step(

@@ -25,16 +25,24 @@ def batched_forward(
     tokens: list[list[int]],
     device: torch.device,
     keep_last: bool = False,
+    backbone: bool = False,
 ) -> list[torch.Tensor]:
-    """Logits per row: (len(tokens[r]), V) each, or (1, V) of the last token with keep_last.
+    """Logits per row: (len(tokens[r]), V) each, or (1, V) of the last token with keep_last;
+    with backbone, the last hidden states instead ((.., H), the output head skipped).
     Writes each row's tokens into its slot at length[slot].. (the caller commits)."""
     b, t = len(slots), max(len(x) for x in tokens)
     starts = [cache.length[s] for s in slots]
-    if any(st + t > cache.capacity for st in starts):
+    if any(st + len(x) > cache.capacity for st, x in zip(starts, tokens, strict=True)):
         raise ValueError("a row would write past its slot's capacity")
+    if any(st + t > cache.capacity + cache.pad for st in starts):
+        raise ValueError("a padded row would write past its slot's padding")
     ids = torch.tensor([row + [0] * (t - len(row)) for row in tokens])  # (B, T), right-padded
     start = torch.tensor(starts, dtype=torch.long)  # (B,)
     positions = start[:, None] + torch.arange(t)[None, :]  # (B, T) write positions
+    # A padded token's position id is its row's last real one (learned position tables end
+    # at the context length; a padded output is dropped anyway).
+    last = torch.tensor([st + len(x) - 1 for st, x in zip(starts, tokens, strict=True)])
+    position_ids = torch.minimum(positions, last[:, None])  # (B, T)
     span = max(st + len(row) for st, row in zip(starts, tokens, strict=True))
     window = _sliding_window(model)
     # One row feeding one token sees its whole slot: no mask needed (the fast SDPA path).
@@ -50,14 +58,14 @@ def batched_forward(
         lo = min(slots)
         cache.step_range = (lo, lo + b) if slots == list(range(lo, lo + b)) else None
     cache.step_span = span
-    out = model(
+    out = (model.base_model if backbone else model)(
         input_ids=ids.to(device),
         attention_mask=None if mask is None else mask.to(device),
-        position_ids=positions.to(device),
+        position_ids=position_ids.to(device),
         use_cache=True,
         **{kwarg: cache},
     )
-    logits = out.logits  # (B, T, V)
+    logits = out.last_hidden_state if backbone else out.logits  # (B, T, H or V)
     if keep_last:
         return [logits[r, len(x) - 1 : len(x)] for r, x in enumerate(tokens)]
     return [logits[r, : len(x)] for r, x in enumerate(tokens)]

@@ -8,8 +8,11 @@ before the next step. One step:
 1. Prefill: the oldest row still prefilling feeds one chunk (at most `prefill_chunk`
    tokens) of its prompt in a forward of its own, so a long arrival delays the others by
    one chunk per step, not by its whole prompt.
-2-4. Every decoding row plans its step exactly as alone (loop.plan_step: room, k, the
-   proposer's draft, grammar masks): standard rows feed 1 token, speculative rows 1 + n.
+2-4. Every decoding row plans its step exactly as alone (room and k: loop.plan_k; the
+   proposal; grammar masks: loop.plan_masks): standard rows feed 1 token, speculative rows
+   1 + n. Rows drafting with the same draft model draft together (batch/drafting.py: one
+   draft forward per drafted position for all of them); model-free proposers (prompt
+   lookup, prediction) propose row by row, at no forward cost.
 5. ONE target forward over all planned rows (batch/forward.py: per-row positions and
    masks over the slots).
 6-8. Every row settles as alone (loop.settle_step: verify, roll back, emit) and commits its
@@ -19,7 +22,7 @@ before the next step. One step:
 
 Rows never see each other: a row's tokens depend on its own prompt, sampling parameters,
 generator and grammar only, up to floating-point rounding of the shared forward (see
-tests/unit/engine/test_batch.py). Draft models still draft row by row.
+tests/unit/engine/test_batch.py).
 """
 
 from __future__ import annotations
@@ -30,19 +33,25 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gateway.engine.batch.drafting import DraftBatch
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.batch.slots import SlotCache
 from gateway.engine.loop import (
+    NO_PROPOSAL,
     LoopConfig,
     RowTimes,
     StepPlan,
     _measure_c,
     finish_result,
-    plan_step,
+    plan_k,
+    plan_masks,
     settle_step,
 )
 from gateway.engine.models import LoadedModel, cache_kwarg
+from gateway.engine.proposers.base import Proposal
+from gateway.engine.proposers.draft_model import DraftModelProposer
 from gateway.engine.schema import Delta, Finished
+from gateway.limits import MAX_K
 
 PREFILL_CHUNK = 128
 Event = Delta | Finished | Exception  # an Exception ends its row: the consumer raises it
@@ -80,10 +89,13 @@ class Batch:
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         layers = int(target.model.config.num_hidden_layers)
-        self.cache = SlotCache(layers, max_rows, target.context_length)
+        # pad: a verify step right-pads rows to the longest feed (1 + k <= 1 + MAX_K)
+        self.cache = SlotCache(layers, max_rows, target.context_length, pad=MAX_K + 1)
         self._kwarg = cache_kwarg(target.model)
         self.rows: list[Row] = []
+        self.drafts: dict[int, DraftBatch] = {}  # id(draft model) -> its shared draft slots
         self.forwards = 0
+        self.draft_forwards = 0  # shared draft forwards (each drafts for every row in it)
 
     @property
     def free(self) -> int:
@@ -95,14 +107,29 @@ class Batch:
             raise ValueError("a batch decodes on one target model")
         row = Row(cfg, cancelled, self.cache.take(), list(cfg.prompt_ids))
         self.rows.append(row)
+        p = cfg.proposer
+        if isinstance(p, DraftModelProposer):
+            db = self.drafts.get(id(p.draft))
+            if db is None:
+                db = self.drafts[id(p.draft)] = DraftBatch(p.draft, self.max_rows, MAX_K + 1)
+            db.join(p)
         return row
 
     def cancel(self, row: Row) -> None:
         """Drop a row now (no more events for it); its slot is free for the next arrival."""
         if row in self.rows:
-            self.rows.remove(row)
-            self.cache.release(row.slot)
             row.finished = True
+            self._leave(row)
+
+    def _leave(self, row: Row) -> None:
+        self.rows.remove(row)
+        self.cache.release(row.slot)
+        p = row.cfg.proposer
+        db = self.drafts.get(id(p.draft)) if isinstance(p, DraftModelProposer) else None
+        if db is not None and isinstance(p, DraftModelProposer):
+            db.leave(p)
+            if not db.members:  # a draft nobody drafts with any more frees its cache
+                del self.drafts[id(p.draft)]
 
     def step(self) -> list[tuple[Row, list[Event]]]:
         """One step of every row; returns the events each row produced. A row's last event
@@ -110,7 +137,7 @@ class Batch:
         events: dict[int, list[Event]] = {id(r): [] for r in self.rows}
         with torch.inference_mode():
             self._prefill()
-            plans: list[tuple[Row, StepPlan]] = []
+            ks: list[tuple[Row, int]] = []
             for row in self.rows:
                 if row.prefilling:
                     if row.cancelled is not None and row.cancelled():
@@ -118,20 +145,20 @@ class Batch:
                         events[id(row)] += self._finish(row)
                     continue
                 try:
-                    plan = plan_step(row.cfg, row.ctx, row.cancelled, row.times)  # 2-4
+                    k = plan_k(row.cfg, row.ctx, row.cancelled)  # 2-3a
                 except Exception as exc:  # this row's error must not end the others
                     events[id(row)].append(_failed(row, exc))
                     continue
-                if plan is None:
+                if k is None:
                     events[id(row)] += self._finish(row)
                 else:
-                    plans.append((row, plan))
+                    ks.append((row, k))
+            plans = self._plan(ks, events)  # 3b-4
             if plans:
                 self._verify(plans, events)  # 5-9
         out = [(r, events[id(r)]) for r in self.rows if events[id(r)]]
         for row in [r for r in self.rows if r.finished]:
-            self.rows.remove(row)
-            self.cache.release(row.slot)
+            self._leave(row)
         return out
 
     # -- the steps ------------------------------------------------------------------------
@@ -148,10 +175,63 @@ class Batch:
             self.target.device, keep_last=True,
         )  # fmt: skip
         self.cache.length[row.slot] = end
+        p = row.cfg.proposer
+        db = self.drafts.get(id(p.draft)) if isinstance(p, DraftModelProposer) else None
+        if db is not None and isinstance(p, DraftModelProposer) and p.fed == row.prefilled:
+            db.prefill(p, chunk)  # the draft's prompt, beside the target's
         row.prefilled = end
         row.forwards += 1
         self.forwards += 1
         row.cfg.stats.prefill_s += time.perf_counter() - t0
+
+    def _plan(
+        self, ks: list[tuple[Row, int]], events: dict[int, list[Event]]
+    ) -> list[tuple[Row, StepPlan]]:
+        """3b-4: every row's proposal (draft-model rows together, per draft), then its
+        grammar masks."""
+        proposals: dict[int, Proposal] = {}
+        shared: dict[int, list[Row]] = {}
+        for row, k in ks:
+            p = row.cfg.proposer
+            if k == 0 or p is None:
+                continue
+            if isinstance(p, DraftModelProposer) and id(p.draft) in self.drafts:
+                shared.setdefault(id(p.draft), []).append(row)
+                continue
+            t0 = time.perf_counter()
+            try:
+                proposals[id(row)] = p.propose(row.ctx, k)
+            except Exception as exc:
+                events[id(row)].append(_failed(row, exc))
+            row.times.draft_s += time.perf_counter() - t0
+        k_of = {id(row): k for row, k in ks}
+        for key, rows in shared.items():
+            t0 = time.perf_counter()
+            asks = [(row.cfg.proposer, row.ctx, k_of[id(row)]) for row in rows]
+            db = self.drafts[key]
+            before = db.forwards
+            try:
+                got = db.propose(asks)  # type: ignore[arg-type]
+            except Exception as exc:  # a failed shared draft ends the rows that drafted
+                for row in rows:
+                    events[id(row)].append(_failed(row, exc))
+                continue
+            spent = time.perf_counter() - t0
+            self.draft_forwards += db.forwards - before
+            for row, proposal in zip(rows, got, strict=True):
+                proposals[id(row)] = proposal
+                row.times.draft_s += spent
+        plans: list[tuple[Row, StepPlan]] = []
+        for row, k in ks:
+            if row.finished:
+                continue
+            try:
+                plan = plan_masks(row.cfg, k, proposals.get(id(row), NO_PROPOSAL), row.times)
+            except Exception as exc:
+                events[id(row)].append(_failed(row, exc))
+                continue
+            plans.append((row, plan))
+        return plans
 
     def _verify(self, plans: list[tuple[Row, StepPlan]], events: dict[int, list[Event]]) -> None:
         t0 = time.perf_counter()

@@ -36,10 +36,10 @@ class SlotLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         o = self._owner
         _, heads, _, dim = key_states.shape  # (B, H, T, D)
-        shape = (o.slots, heads, o.capacity, dim)
+        shape = (o.slots, heads, o.capacity + o.pad, dim)
         self.keys = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
         vdim = value_states.shape[-1]
-        vshape = (o.slots, heads, o.capacity, vdim)
+        vshape = (o.slots, heads, o.capacity + o.pad, vdim)
         self.values = torch.zeros(vshape, dtype=value_states.dtype, device=value_states.device)
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
@@ -78,11 +78,13 @@ class SlotLayer(CacheLayerMixin):
 
 
 class SlotCache(Cache):
-    """`slots` rows of up to `capacity` tokens each, for `layers` attention layers."""
+    """`slots` rows of up to `capacity` tokens each, for `layers` attention layers, plus `pad`
+    positions past the capacity where a padded row's filler tokens may land (never read)."""
 
-    def __init__(self, layers: int, slots: int, capacity: int) -> None:
+    def __init__(self, layers: int, slots: int, capacity: int, pad: int = 0) -> None:
         self.slots = slots
         self.capacity = capacity
+        self.pad = pad
         self.length = [0] * slots  # committed tokens in each slot
         self.free = list(range(slots - 1, -1, -1))
         # Set by batched_forward for the duration of one forward:
@@ -106,3 +108,12 @@ class SlotCache(Cache):
     @property
     def in_use(self) -> int:
         return self.slots - len(self.free)
+
+    def bytes_per_token(self) -> int:
+        """KV bytes one cached token takes over all layers (0 before the first forward)."""
+        total = 0
+        for layer in self.layers:
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(t, torch.Tensor):
+                    total += t[0, :, 0].numel() * t.element_size()
+        return total

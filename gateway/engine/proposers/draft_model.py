@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
@@ -15,12 +16,33 @@ from gateway.engine.proposers.base import Proposal
 from gateway.engine.sampling import LogitsShaper, sample
 
 
+class DraftKV(Protocol):
+    """Where a proposer's draft KV lives: its own DynamicCache, or a slot of a batch's
+    draft SlotCache (gateway/engine/batch/drafting.py), which runs the forwards itself."""
+
+    def crop(self, length: int) -> None: ...
+
+
+class _OwnCache:
+    def __init__(self) -> None:
+        self.cache = DynamicCache()
+
+    def crop(self, length: int) -> None:
+        crop_cache(self.cache, length)
+
+
 class DraftModelProposer:
     """Drafts autoregressively with `draft`, shaping its logits exactly like the target's.
 
-    The cache holds the draft's KV for `self._fed`; each propose() crops it back to the
+    The cache holds the draft's KV for `self._fed`; each proposal crops it back to the
     longest prefix shared with the committed context (rejected tokens fall out) and feeds
     the rest, so after m accepted of n the next call feeds 1-2 tokens.
+
+    A proposal is three verbs, so that a batch can run the forwards of many proposers in
+    one (batch/drafting.py): `begin` (sync, first feed), `take` (one forward's logits ->
+    the next feed, or None when drafting stops), `end` (the Proposal). `propose` runs them
+    alone, on the proposer's own cache. The tokens depend only on the logits, this row's
+    shaper, grammar and generator, never on who shares the forward.
 
     Drafting stops early, before k, after a token the draft itself gave a probability below
     `min_confidence` (its own warped distribution): such a token is likely rejected, and
@@ -44,6 +66,7 @@ class DraftModelProposer:
         eos_token_ids: tuple[int, ...] = (),
         min_confidence: float = 0.0,
     ) -> None:
+        self.draft = draft
         self._model = draft.model
         self._device = draft.device
         self._vocab = draft.vocab_size
@@ -55,23 +78,99 @@ class DraftModelProposer:
         self._min_conf = min_confidence
         self._kwarg = cache_kwarg(draft.model)
         self._head = draft.draft_head
-        self._cache = DynamicCache()
+        self._own = _OwnCache()
+        self.kv: DraftKV = self._own
         self._fed: list[int] = []
         self._stable = 0  # self._fed[:_stable] is known to equal the committed context
+        self._k = 0
+        self._tokens: list[int] = []
+        self._rows: list[torch.Tensor] = []
+        self._consumed = 0  # draft tokens consumed into the grammar by this proposal
         self.forwards = 0
         self.forward_s = 0.0
 
-    def _forward(self, ids: list[int]) -> torch.Tensor:
+    @property
+    def fed(self) -> int:
+        """Tokens in the draft's KV cache."""
+        return len(self._fed)
+
+    def use_kv(self, kv: DraftKV, fed: Sequence[int] = ()) -> None:
+        """Keep the draft KV in `kv` from now on (a batch slot holding `fed`)."""
+        self.kv = kv
+        self._fed = list(fed)
+        self._stable = 0
+
+    def fed_tokens(self, ids: Sequence[int], spent_s: float, step: bool = True) -> None:
+        """A forward of `ids` went into this proposer's KV, taking `spent_s`; step: it was a
+        drafting step (counted in forwards and c), not a prompt prefill."""
+        self._fed.extend(ids)
+        if step:
+            self.forwards += 1
+            self.forward_s += spent_s
+
+    # -- the three verbs --------------------------------------------------------------------
+
+    def begin(self, context_ids: Sequence[int], k: int) -> list[int] | None:
+        """Start a proposal of up to k tokens: the tokens to feed first (None: k == 0)."""
+        self._k, self._tokens, self._rows, self._consumed = k, [], [], 0
+        feed = self._sync(context_ids)
+        return feed if k > 0 else None
+
+    def take(self, logits: torch.Tensor) -> list[int] | None:
+        """The draft's logits after the last feed, (1, V): draft one token; the next feed,
+        or None when drafting stops (k reached, EOS, low confidence, nothing allowed)."""
+        mask = None
+        if self._grammar is not None:
+            mask = next_token_mask(self._grammar, self._vocab, self._eos_ids, self._device)
+        z = self._shaper.shape(logits, None if mask is None else mask[None])  # (1, V)
+        constrained = mask is not None or self._shaper.allowed is not None
+        if constrained and not bool(torch.isfinite(z).any()):
+            return None  # nothing the draft can propose is allowed here (grammar, lists, subset)
+        if self._shaper.greedy:
+            tok = int(torch.argmax(z, dim=-1))
+            conf = float(torch.softmax(z[0], dim=-1)[tok]) if self._min_conf > 0 else 1.0
+        else:
+            q = self._shaper.probs(z)  # (1, V)
+            tok = int(sample(q, self._gen))
+            self._rows.append(q)
+            conf = float(q[0, tok])
+        self._tokens.append(tok)
+        if tok in self._eos or conf < self._min_conf or len(self._tokens) >= self._k:
+            return None
+        if self._grammar is not None:
+            self._grammar.consume(tok)
+            self._consumed += 1
+        return [tok]
+
+    def end(self) -> Proposal:
+        """The proposal; the grammar is back where `begin` found it."""
+        if self._grammar is not None and self._consumed:
+            self._grammar.rollback(self._consumed)
+        probs = torch.cat(self._rows) if self._rows else None  # (n, V)
+        return Proposal(list(self._tokens), probs)
+
+    def propose(self, context_ids: Sequence[int], k: int) -> Proposal:
+        feed = self.begin(context_ids, k)
+        while feed is not None:
+            feed = self.take(self.forward(feed))  # (1, V)
+        return self.end()
+
+    def on_verified(self, n_accepted: int) -> None:
+        """Nothing to do: the next propose() crops the cache to the committed context."""
+
+    # -- the draft's cache -----------------------------------------------------------------
+
+    def forward(self, ids: list[int]) -> torch.Tensor:
+        """One forward of `ids` on the proposer's own cache: the last position's (1, V)."""
         t0 = time.perf_counter()
+        cache = self._own.cache
         if self._head is not None:
             logits = head_logits(
-                self._model, self._head, self._kwarg, ids, self._cache, self._device, self._vocab
+                self._model, self._head, self._kwarg, ids, cache, self._device, self._vocab
             )
         else:
-            logits = forward_logits(self._model, self._kwarg, ids, self._cache, self._device, 1)
-        self.forwards += 1
-        self.forward_s += time.perf_counter() - t0
-        self._fed.extend(ids)
+            logits = forward_logits(self._model, self._kwarg, ids, cache, self._device, 1)
+        self.fed_tokens(ids, time.perf_counter() - t0)
         return logits
 
     def _sync(self, context: Sequence[int]) -> list[int]:
@@ -81,42 +180,7 @@ class DraftModelProposer:
         while common < limit and self._fed[common] == context[common]:
             common += 1
         if common < len(self._fed):
-            crop_cache(self._cache, common)
+            self.kv.crop(common)
             del self._fed[common:]
         self._stable = len(context)
         return list(context[common:])
-
-    def propose(self, context_ids: Sequence[int], k: int) -> Proposal:
-        feed = self._sync(context_ids)
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        for _ in range(k):
-            logits = self._forward(feed)  # (1, V)
-            mask = None
-            if self._grammar is not None:
-                mask = next_token_mask(self._grammar, self._vocab, self._eos_ids, self._device)
-            z = self._shaper.shape(logits, None if mask is None else mask[None])  # (1, V)
-            constrained = mask is not None or self._shaper.allowed is not None
-            if constrained and not bool(torch.isfinite(z).any()):
-                break  # nothing the draft can propose is allowed here (grammar, lists, subset)
-            if self._shaper.greedy:
-                tok = int(torch.argmax(z, dim=-1))
-                conf = float(torch.softmax(z[0], dim=-1)[tok]) if self._min_conf > 0 else 1.0
-            else:
-                q = self._shaper.probs(z)  # (1, V)
-                tok = int(sample(q, self._gen))
-                rows.append(q)
-                conf = float(q[0, tok])
-            tokens.append(tok)
-            if tok in self._eos or conf < self._min_conf:
-                break
-            if self._grammar is not None:
-                self._grammar.consume(tok)
-            feed = [tok]
-        if self._grammar is not None:
-            self._grammar.rollback(len(tokens) - (1 if tokens and tokens[-1] in self._eos else 0))
-        probs = torch.cat(rows) if rows else None  # (n, V)
-        return Proposal(tokens, probs)
-
-    def on_verified(self, n_accepted: int) -> None:
-        """Nothing to do: the next propose() crops the cache to the committed context."""

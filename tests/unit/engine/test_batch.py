@@ -198,3 +198,65 @@ def test_the_shared_forward_matches_single_forwards(target) -> None:
         for seq, feed, logits in zip(seqs, feeds, got, strict=True):
             full = model(input_ids=torch.tensor([seq[: len(seq) - 2 + len(feed)]])).logits[0]
             torch.testing.assert_close(logits, full[-len(feed) :], rtol=1e-5, atol=1e-5)
+
+
+def draft_jobs(draft: LoadedModel, k: int = 4) -> list[Job]:
+    spec = {"mode": "speculative", "proposer": "draft", "k_min": k, "k_max": k}
+    lengths = [18, 11, 25, 7, 14]
+    return [
+        Job(i // 2, DecodeRequest(p, greedy(lengths[i]), **spec), draft)
+        for i, p in enumerate([*PROMPTS, PROMPTS[2][:7]])
+    ]
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["full_head", "reduced_head"])
+def test_draft_rows_share_every_draft_forward_and_draft_what_they_draft_alone(
+    llama_lm, draft_lm, tokenizer, head
+) -> None:
+    """Rows drafting with one draft model run its forwards together, and each drafts and
+    has accepted exactly what it drafts alone: its draft KV slot holds its own context."""
+    draft = draft_lm
+    if head:  # the same draft, drafting among half the vocabulary (batched head path)
+        subset = list(range(0, len(tokenizer), 2))
+        draft = wrap_model(draft_lm.model, tokenizer, draft_vocab=subset)
+    engine = Engine(llama_lm)
+    solo = [engine.run(j.req, j.draft) for j in draft_jobs(draft)]
+    batch = engine.batch(8)
+    rows, results, step = {}, {}, 0
+    jobs = draft_jobs(draft)
+    while len(results) < len(jobs):
+        for i, job in enumerate(jobs):
+            if job.join_at == step:
+                rows[id(batch.add(engine.prepare(job.req, job.draft)))] = i
+        for row, events in batch.step():
+            for e in events:
+                assert not isinstance(e, Exception), e
+                if isinstance(e, Finished):
+                    results[rows[id(row)]] = e.result
+        step += 1
+    got = [results[i] for i in range(len(jobs))]
+    for a, b in zip(solo, got, strict=True):
+        assert b.token_ids == a.token_ids
+        assert (b.stats.drafted, b.stats.accepted) == (a.stats.drafted, a.stats.accepted)
+    assert batch.draft_forwards < sum(r.stats.draft_forwards for r in got)
+    assert not batch.drafts  # every draft slot was given back
+
+
+def test_a_draft_slot_rolls_back_rejections_per_row(llama_lm, draft_lm) -> None:
+    """A perfect draft (the target) next to a poor one: rows accept different counts every
+    step, so their draft slots part in length; both still draft what they draft alone."""
+    engine = Engine(llama_lm)
+    spec = {"mode": "speculative", "proposer": "draft", "k_min": 3, "k_max": 3}
+    jobs = [
+        Job(0, DecodeRequest(PROMPTS[0], greedy(20), **spec), draft_lm),
+        Job(0, DecodeRequest(PROMPTS[2], greedy(20), **spec), llama_lm),
+        Job(1, DecodeRequest(PROMPTS[3], greedy(20), **spec), draft_lm),
+    ]
+    solo = [engine.run(j.req, j.draft) for j in jobs]
+    got = run_batch(engine, jobs)
+    assert solo[1].stats.accepted == solo[1].stats.drafted  # the target drafting for itself
+    assert solo[0].stats.accepted < solo[0].stats.drafted
+    for a, b in zip(solo, got, strict=True):
+        assert (b.token_ids, b.stats.drafted, b.stats.accepted) == (
+            a.token_ids, a.stats.drafted, a.stats.accepted,
+        )  # fmt: skip

@@ -1,0 +1,150 @@
+"""Batched drafting: the rows of a batch that draft with one draft model share its forwards.
+
+Each row's DraftModelProposer keeps its draft KV in a slot of this draft's SlotCache
+(`join`), so a proposal is the proposer's three verbs (begin / take / end) with the
+forwards run here, for every drafting row at once:
+
+1. begin: each row syncs its slot to its committed context (rolling back rejected draft
+   tokens is lowering the slot's length) and names its first feed: the tokens the draft
+   has not seen (1 + accepted ones, usually 1-5).
+2. One draft forward over every row still drafting (batch/forward.py: per-row positions
+   and masks), each row's feed at its own slot length; a row with a long first feed (more
+   than SHORT_FEED tokens, e.g. a draft that joined late) runs alone so that the others are
+   not padded to it.
+3. take: each row drafts one token from its logits with its own shaper, grammar and
+   generator, and says whether it goes on (k reached, EOS, low confidence, nothing
+   allowed stop it). Repeat 2-3 until no row goes on; end gives each row's Proposal.
+
+A row's tokens depend on its logits and its own state only, so drafting in company gives
+the tokens drafting alone gives (up to the shared forward's rounding); and whatever the
+draft proposes, the verifier's output is exact.
+
+The prompt is prefilled into the draft slot beside the target's chunked prefill
+(`prefill`), through the backbone only (no output head), so the first proposal feeds one
+token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.slots import SlotCache
+from gateway.engine.cpu_linear import linear
+from gateway.engine.models import LoadedModel, cache_kwarg
+from gateway.engine.proposers.base import Proposal
+from gateway.engine.proposers.draft_model import DraftModelProposer
+
+SHORT_FEED = 16  # longer first feeds run in a forward of their own
+
+
+class SlotKV:
+    """A proposer's draft KV: one slot of a DraftBatch's cache."""
+
+    def __init__(self, cache: SlotCache, slot: int) -> None:
+        self.cache = cache
+        self.slot = slot
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self.cache.length[self.slot]:
+            raise ValueError(f"cannot crop slot {self.slot} to {length}")
+        self.cache.length[self.slot] = length
+
+
+class DraftBatch:
+    """Draft slots of one draft model for up to `max_rows` rows."""
+
+    def __init__(self, draft: LoadedModel, max_rows: int, pad: int) -> None:
+        self.draft = draft
+        layers = int(draft.model.config.num_hidden_layers)
+        self.cache = SlotCache(layers, max_rows, draft.context_length, pad=max(pad, SHORT_FEED))
+        self._kwarg = cache_kwarg(draft.model)
+        self.members: dict[int, SlotKV] = {}  # id(proposer) -> its slot
+        self.forwards = 0
+        self.forward_s = 0.0
+
+    def join(self, proposer: DraftModelProposer) -> None:
+        kv = SlotKV(self.cache, self.cache.take())
+        proposer.use_kv(kv)
+        self.members[id(proposer)] = kv
+
+    def leave(self, proposer: DraftModelProposer) -> None:
+        kv = self.members.pop(id(proposer), None)
+        if kv is not None:
+            self.cache.release(kv.slot)
+
+    def prefill(self, proposer: DraftModelProposer, ids: Sequence[int]) -> None:
+        """Feed prompt tokens the target is prefilling (backbone only: no logits needed);
+        skipped when the draft's cache is not at that point or the draft's context is
+        too short (the first proposal then feeds what is missing)."""
+        kv = self.members[id(proposer)]
+        if not ids or kv.cache.length[kv.slot] + len(ids) > self.cache.capacity:
+            return
+        t0 = time.perf_counter()
+        batched_forward(
+            self.draft.model, self._kwarg, self.cache, [kv.slot], [list(ids)],
+            self.draft.device, keep_last=True, backbone=True,
+        )  # fmt: skip
+        self.cache.length[kv.slot] += len(ids)
+        proposer.fed_tokens(ids, time.perf_counter() - t0, step=False)
+
+    def propose(self, asks: list[tuple[DraftModelProposer, Sequence[int], int]]) -> list[Proposal]:
+        """One proposal per (proposer, committed context, k), drafted in shared forwards."""
+        feeds: dict[int, list[int]] = {}
+        for i, (p, ctx, k) in enumerate(asks):
+            feed = p.begin(ctx, k)  # 1.
+            if feed is not None:
+                feeds[i] = feed
+        while feeds:
+            short = [i for i in feeds if len(feeds[i]) <= SHORT_FEED]
+            groups = [short] if short else []
+            groups += [[i] for i in feeds if len(feeds[i]) > SHORT_FEED]
+            nxt: dict[int, list[int]] = {}
+            for group in groups:
+                props = [asks[i][0] for i in group]
+                logits = self._forward(props, [feeds[i] for i in group])  # 2. [(1, V)]
+                for i, p, z in zip(group, props, logits, strict=True):
+                    feed = p.take(z)  # 3.
+                    if feed is not None:
+                        nxt[i] = feed
+            feeds = nxt
+        return [p.end() for p, _, _ in asks]
+
+    def _forward(
+        self, props: list[DraftModelProposer], feeds: list[list[int]]
+    ) -> list[torch.Tensor]:
+        """One forward of each proposer's feed into its slot: the last position's (1, V)."""
+        t0 = time.perf_counter()
+        d = self.draft
+        slots = [self.members[id(p)].slot for p in props]
+        head = d.draft_head
+        out = batched_forward(
+            d.model,
+            self._kwarg,
+            self.cache,
+            slots,
+            feeds,
+            d.device,
+            keep_last=True,
+            backbone=head is not None,
+        )  # fmt: skip  [(1, V)] or [(1, H)]
+        if head is not None:
+            h = torch.cat(out)  # (B, H)
+            apply = linear if head.weight_major else F.linear
+            sub = apply(h, head.weight, head.bias)  # (B, N)
+            full = torch.full(
+                (len(props), d.vocab_size), float("-inf"), dtype=h.dtype, device=h.device
+            )  # (B, V)
+            full[:, head.token_ids] = sub
+            out = [full[r : r + 1] for r in range(len(props))]
+        spent = time.perf_counter() - t0
+        for p, s, feed in zip(props, slots, feeds, strict=True):
+            self.cache.length[s] += len(feed)
+            p.fed_tokens(feed, spent)
+        self.forwards += 1
+        self.forward_s += spent
+        return out
