@@ -4,7 +4,7 @@ Leaf package: torch + transformers only (no tenants, HTTP, database or YAML).
 """
 
 from gateway.engine.constraints import Grammar, TokenSequencesGrammar
-from gateway.engine.engine import Engine
+from gateway.engine.engine import Engine, StepCost
 from gateway.engine.errors import (
     EmptyPrompt,
     EngineError,
@@ -51,6 +51,7 @@ __all__ = [
     "Proposal",
     "Proposer",
     "SamplingParams",
+    "StepCost",
     "TokenLogprob",
     "TokenSequencesGrammar",
     "VocabularyMismatch",

@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import torch
 
+from gateway.engine.batch.costs import ForwardCosts, probe
 from gateway.engine.batch.scheduler import Batch
 from gateway.engine.errors import EmptyPrompt, InvalidRequest, PromptTooLong
 from gateway.engine.kpolicy import KPolicy, static_c
@@ -26,12 +28,25 @@ from gateway.engine.stats import DecodeStats
 from gateway.limits import MAX_K, MAX_TOP_LOGPROBS
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """Measured at `rows` rows: verify[k] = a verify forward of k + 1 tokens per row in
+    standard steps; draft_c = one draft forward / one standard step (None: not measured)."""
+
+    rows: int
+    verify: tuple[float, ...]
+    draft_c: float | None
+
+
 class Engine:
     """Decodes one request at a time on a target model, standard or speculative."""
 
     def __init__(self, target: LoadedModel) -> None:
         self._target = target
         self._checked_drafts: dict[int, LoadedModel] = {}
+        # Measured forward costs by model (id of its LoadedModel): the target's and each
+        # draft's, seeded by measure_costs and followed by every batch forward.
+        self.costs: dict[int, ForwardCosts] = {}
         self.token_str: Callable[[int], str] = lru_cache(maxsize=65536)(self._token_str)
 
     @property
@@ -66,7 +81,30 @@ class Engine:
 
     def batch(self, max_rows: int) -> Batch:
         """A continuous batch of up to `max_rows` requests on this engine's target."""
-        return Batch(self._target, max_rows)
+        return Batch(self._target, max_rows, costs=self.costs)
+
+    def measure_costs(self, max_rows: int, draft: LoadedModel | None = None) -> ForwardCosts:
+        """Time the target's (or a draft's) forwards for batches of up to `max_rows` rows
+        (batch/costs.py); a second call for the same model returns the first result."""
+        lm = self._target if draft is None else draft
+        if id(lm) not in self.costs:
+            tokens = (1, 2, 3, 5, 9) if draft is None else (1, 2)
+            self.costs[id(lm)] = probe(lm, max_rows, tokens)
+        return self.costs[id(lm)]
+
+    def cost_at(self, rows: int, k_max: int, draft: LoadedModel | None = None) -> StepCost | None:
+        """The verify costs v(0..k_max) and the draft's c at `rows` rows, as measured."""
+        target = self.costs.get(id(self._target))
+        v = None if target is None else target.verify_costs(rows, k_max)
+        if v is None or target is None:
+            return None
+        c = None
+        d = None if draft is None else self.costs.get(id(draft))
+        one = target.seconds(rows, 1)
+        if d is not None and one:
+            ds = d.seconds(rows, 1)
+            c = None if ds is None else ds / one
+        return StepCost(rows, v, c)
 
     def run(self, req: DecodeRequest, draft: LoadedModel | None = None) -> DecodeResult:
         for item in self.stream(req, draft):
@@ -141,10 +179,10 @@ class Engine:
         if sp.temperature > 0 and sp.seed is not None:
             return KPolicy(req.k_min, req.k_max, c=static, measure_c=False)
         if req.k_prior is None:
-            return KPolicy(req.k_min, req.k_max, c=static)
+            return KPolicy(req.k_min, req.k_max, c=static, may_pause=req.may_pause)
         prior = min(max(req.k_prior.acceptance, 0.0), 1.0)
         c = req.k_prior.c if req.k_prior.c > 0 else static
-        return KPolicy(req.k_min, req.k_max, prior=prior, c=c)
+        return KPolicy(req.k_min, req.k_max, prior=prior, c=c, may_pause=req.may_pause)
 
     def _check_draft(self, draft: LoadedModel) -> None:
         if self._checked_drafts.get(id(draft)) is draft:

@@ -5,6 +5,11 @@ a is a decayed-count estimate (successes over trials, seeded with a prior), upda
 every verify step: m accepted of n drafted is m successes and (1 if m < n else 0) failures
 (the geometric likelihood).
 
+Inside a continuous batch every row's verify forward is padded to the longest, so the batch
+picks one k for all its adaptive rows each step (batch/scheduler.py: the k that maximises
+the batch's expected tokens per second at its measured forward costs) and sets `batch_k`;
+a row whose request allows it (`may_pause`, auto mode) may then draft nothing for a step.
+
 The prior is what the policy engine decided on (``KPrior``: the tenant's measured acceptance
 and c for this proposer and draft version), so the first step's k is the decision's k; with
 no prior, acceptance starts at DEFAULT_PRIOR and c at a static estimate (draft layers /
@@ -44,6 +49,8 @@ class KPolicy:
     failures: float = 0.0
     c: float = 0.0
     measure_c: bool = True
+    may_pause: bool = False  # a batch may set k = 0 for a step (see batch_k)
+    batch_k: int | None = None  # this step's k chosen by the batch for all its rows
 
     @property
     def acceptance(self) -> float:
@@ -53,6 +60,11 @@ class KPolicy:
         return min(max(a, 0.01), 0.99)
 
     def choose(self) -> int:
+        """This step's k: the batch's pick when it made one (clamped to this request's
+        bounds; 0 only when may_pause), else the best k for this request alone."""
+        if self.batch_k is not None and self.measure_c:
+            lo = 0 if self.may_pause else self.k_min
+            return min(max(self.batch_k, lo), self.k_max)
         return best_k(self.acceptance, self.c, self.k_min, self.k_max)[0]
 
     def observe_c(self, measured: float | None) -> None:

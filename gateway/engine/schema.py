@@ -45,6 +45,9 @@ class DecodeRequest:
     # Where the k policy starts (the policy decision's acceptance and c); None: the default
     # prior. Ignored by seeded sampled requests, which keep the fixed prior (kpolicy.py).
     k_prior: KPrior | None = None
+    # Inside a batch, a step may draft nothing (k = 0) when speculating would cost the batch
+    # more than it gains at the batch's measured forward costs (auto mode); else k >= k_min.
+    may_pause: bool = False
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,14 @@ class DecodeStats:
     k_history: list[int] = field(default_factory=list)
     final_k: int | None = None
     tokens_per_target_forward: float = 0.0  # generated tokens / target forwards after prefill
+    paused_steps: int = 0  # batch steps on which this speculative request drafted nothing
+    batch_steps: int = 0  # verify forwards it shared with a batch ...
+    batch_rows: int = 0  # ... and the rows in them, summed
+
+    @property
+    def mean_batch_rows(self) -> float | None:
+        """Rows in this request's verify forwards, on average (None alone)."""
+        return self.batch_rows / self.batch_steps if self.batch_steps else None
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.batch.slots import SlotCache
 from gateway.engine.cpu_linear import linear
@@ -58,8 +59,11 @@ class SlotKV:
 class DraftBatch:
     """Draft slots of one draft model for up to `max_rows` rows."""
 
-    def __init__(self, draft: LoadedModel, max_rows: int, pad: int) -> None:
+    def __init__(
+        self, draft: LoadedModel, max_rows: int, pad: int, costs: ForwardCosts | None = None
+    ) -> None:
         self.draft = draft
+        self.costs = ForwardCosts() if costs is None else costs  # observed on every step
         layers = int(draft.model.config.num_hidden_layers)
         self.cache = SlotCache(layers, max_rows, draft.context_length, pad=max(pad, SHORT_FEED))
         self._kwarg = cache_kwarg(draft.model)
@@ -142,6 +146,7 @@ class DraftBatch:
             full[:, head.token_ids] = sub
             out = [full[r : r + 1] for r in range(len(props))]
         spent = time.perf_counter() - t0
+        self.costs.observe(len(props), max(len(f) for f in feeds), spent)
         for p, s, feed in zip(props, slots, feeds, strict=True):
             self.cache.length[s] += len(feed)
             p.fed_tokens(feed, spent)

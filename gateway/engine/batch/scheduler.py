@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.drafting import DraftBatch
 from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.kchoice import choose_batch_k
 from gateway.engine.batch.slots import SlotCache
 from gateway.engine.loop import (
     NO_PROPOSAL,
@@ -82,7 +84,13 @@ class Row:
 class Batch:
     """Rows decoding on one target; `max_rows` slots of the target's context length."""
 
-    def __init__(self, target: LoadedModel, max_rows: int, prefill_chunk: int = PREFILL_CHUNK):
+    def __init__(
+        self,
+        target: LoadedModel,
+        max_rows: int,
+        prefill_chunk: int = PREFILL_CHUNK,
+        costs: dict[int, ForwardCosts] | None = None,
+    ):
         if max_rows < 1:
             raise ValueError(f"a batch needs at least one row, got {max_rows}")
         self.target = target
@@ -94,6 +102,9 @@ class Batch:
         self._kwarg = cache_kwarg(target.model)
         self.rows: list[Row] = []
         self.drafts: dict[int, DraftBatch] = {}  # id(draft model) -> its shared draft slots
+        # Measured forward costs by id(model), shared with the engine (batch/costs.py): every
+        # verify and draft forward here is observed; the k choice reads them.
+        self.costs: dict[int, ForwardCosts] = {} if costs is None else costs
         self.forwards = 0
         self.draft_forwards = 0  # shared draft forwards (each drafts for every row in it)
 
@@ -111,7 +122,9 @@ class Batch:
         if isinstance(p, DraftModelProposer):
             db = self.drafts.get(id(p.draft))
             if db is None:
-                db = self.drafts[id(p.draft)] = DraftBatch(p.draft, self.max_rows, MAX_K + 1)
+                costs = self.costs.setdefault(id(p.draft), ForwardCosts())
+                db = DraftBatch(p.draft, self.max_rows, MAX_K + 1, costs)
+                self.drafts[id(p.draft)] = db
             db.join(p)
         return row
 
@@ -138,6 +151,11 @@ class Batch:
         with torch.inference_mode():
             self._prefill()
             ks: list[tuple[Row, int]] = []
+            choose_batch_k(
+                [r.cfg for r in self.rows if not r.prefilling],
+                self.costs.get(id(self.target)),
+                {key: (db.draft, db.costs) for key, db in self.drafts.items()},
+            )  # 3a. one k for the batch's adaptive rows
             for row in self.rows:
                 if row.prefilling:
                     if row.cancelled is not None and row.cancelled():
@@ -151,8 +169,10 @@ class Batch:
                     continue
                 if k is None:
                     events[id(row)] += self._finish(row)
-                else:
-                    ks.append((row, k))
+                    continue
+                if k == 0 and row.cfg.policy is not None and row.cfg.policy.batch_k == 0:
+                    row.cfg.stats.paused_steps += 1
+                ks.append((row, k))
             plans = self._plan(ks, events)  # 3b-4
             if plans:
                 self._verify(plans, events)  # 5-9
@@ -242,7 +262,11 @@ class Batch:
         )  # [(n_r + 1, V)]
         spent = time.perf_counter() - t0
         self.forwards += 1
+        target_costs = self.costs.setdefault(id(self.target), ForwardCosts())
+        target_costs.observe(len(plans), max(len(f) for f in feeds), spent)
         for (row, plan), z in zip(plans, logits, strict=True):
+            row.cfg.stats.batch_steps += 1
+            row.cfg.stats.batch_rows += len(plans)
             row.forwards += 1
             row.decode_forwards += 1
             row.decode_forward_s += spent

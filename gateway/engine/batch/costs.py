@@ -1,0 +1,121 @@
+"""What a forward costs on this device, as a function of its shape (rows x tokens per row).
+
+The cost model of speculation (gateway/costmodel.py) needs, at the current batch of B
+rows, the verify cost v(k) = T(B, k + 1) / T(B, 1) (a verify forward of k + 1 tokens per
+row, in standard steps) and the draft's cost ratio c = D(B) / T(B, 1). On a GPU v(k) stays
+near 1 for small B and k; on this CPU it grows with rows x tokens: measured, not assumed.
+
+`ForwardCosts` keeps an exponentially weighted mean of measured seconds per (row bucket,
+tokens per row): rows round up to a power of two (1, 2, 4, 8, ...), so a handful of shapes
+cover every batch. It is seeded at load by `probe` (a few timed forwards of each shape on a
+scratch cache of realistic length) and then follows every real batch forward (`observe`),
+so it tracks the machine's actual load. `seconds` interpolates the tokens axis linearly
+between measured shapes (and extrapolates past the last); None before anything is measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.slots import SlotCache
+from gateway.engine.models import LoadedModel, cache_kwarg
+
+WEIGHT = 0.2  # EWMA weight of a new observation
+PROBE_TOKENS = (1, 2, 3, 5, 9)  # tokens per row probed: k = 0, 1, 2, 4, 8
+PROBE_CONTEXT = 128  # cached tokens per row during the probe
+
+
+def row_bucket(rows: int) -> int:
+    """The power of two at or above `rows`."""
+    b = 1
+    while b < rows:
+        b *= 2
+    return b
+
+
+@dataclass
+class ForwardCosts:
+    """Measured seconds of one forward by (row bucket, tokens per row)."""
+
+    means: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def observe(self, rows: int, tokens: int, seconds: float) -> None:
+        key = (row_bucket(rows), tokens)
+        old = self.means.get(key)
+        self.means[key] = seconds if old is None else (1 - WEIGHT) * old + WEIGHT * seconds
+
+    def seconds(self, rows: int, tokens: int) -> float | None:
+        """Estimated seconds of a forward of `rows` rows x `tokens` tokens; None when no
+        shape of this row bucket (or a smaller one) was measured."""
+        b = row_bucket(rows)
+        below = [rb for rb, _ in self.means if rb <= b]
+        if not below:
+            return None
+        rb = max(below)  # the bucket itself, else the nearest smaller one measured
+        points = sorted((t, s) for (r, t), s in self.means.items() if r == rb)
+        return _interpolate(points, tokens)
+
+    def verify_costs(self, rows: int, k_max: int) -> tuple[float, ...] | None:
+        """v(k) = T(rows, k + 1) / T(rows, 1) for k = 0..k_max (v(0) = 1)."""
+        one = self.seconds(rows, 1)
+        if one is None or one <= 0:
+            return None
+        return tuple(max(1.0, (self.seconds(rows, k + 1) or one) / one) for k in range(k_max + 1))
+
+
+def _interpolate(points: list[tuple[int, float]], t: int) -> float:
+    if len(points) == 1:
+        return points[0][1] * t / points[0][0] if t > points[0][0] else points[0][1]
+    for (t0, s0), (t1, s1) in itertools.pairwise(points):
+        if t <= t1:
+            if t <= t0:
+                return s0
+            return s0 + (s1 - s0) * (t - t0) / (t1 - t0)
+    (t0, s0), (t1, s1) = points[-2], points[-1]  # past the last: the last slope
+    return s1 + max(0.0, (s1 - s0) / (t1 - t0)) * (t - t1)
+
+
+def probe(
+    lm: LoadedModel,
+    max_rows: int,
+    tokens: tuple[int, ...] = PROBE_TOKENS,
+    context: int = PROBE_CONTEXT,
+    repeats: int = 3,
+) -> ForwardCosts:
+    """Time forwards of rows x tokens for row buckets up to `max_rows` on a scratch slot
+    cache holding `context` tokens per row (median of `repeats` after one warm-up)."""
+    costs = ForwardCosts()
+    model, kwarg, dev = lm.model, cache_kwarg(lm.model), lm.device
+    context = max(1, min(context, lm.context_length - max(tokens)))
+    layers = int(model.config.num_hidden_layers)
+    rows_list = sorted({row_bucket(r) for r in range(1, max_rows + 1)})
+    top = rows_list[-1]
+    cache = SlotCache(layers, top, context + max(tokens))
+    slots = [cache.take() for _ in range(top)]
+    fill = [[(7 * i + j) % lm.vocab_size for j in range(context)] for i in range(top)]
+    with torch.inference_mode():
+        batched_forward(model, kwarg, cache, slots, fill, dev, keep_last=True)
+        for s in slots:
+            cache.length[s] = context
+        for rows in rows_list:
+            for t in tokens:
+                feed = [[1 + (r + j) % (lm.vocab_size - 1) for j in range(t)] for r in range(rows)]
+                times = []
+                for _ in range(repeats + 1):
+                    t0 = time.perf_counter()
+                    batched_forward(model, kwarg, cache, slots[:rows], feed, dev)
+                    _sync(dev)
+                    times.append(time.perf_counter() - t0)
+                costs.means[(row_bucket(rows), t)] = statistics.median(times[1:])
+    return costs
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,99 @@
+"""One k per batch step: the draft length that maximises the batch's expected tokens/second.
+
+A verify forward is padded to its longest row, and draft forwards are shared by the rows
+of a draft, so a batch step costs about
+
+    T(B, 1 + max_r k_r) + sum over drafts d of max_{r in d} k_r * D_d(n_d)
+
+(T: the target's measured forward seconds for B rows of that many tokens; D_d: draft d's
+for its n_d drafting rows) and emits sum_r E(a_r, k_r) tokens (E of gateway/costmodel.py;
+a standard row emits 1). Each step the batch tries k = 0..k_max for its adaptive rows
+(speculative rows whose k policy measures: not seeded sampled ones, whose k must stay their
+own so that the seed alone fixes the text), each row's k clamped to its bounds (0 allowed
+only where its request may pause), and sets the best as every adaptive row's `batch_k`.
+Rows keep their own acceptance estimate a_r. Greedy output never depends on k, and any k
+is exact for sampled output, so this choice changes speed only.
+
+With no measured target costs at the batch's row bucket for at least two token counts
+(no probe yet), nothing is chosen and each row picks its own k as alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gateway.costmodel import expected_tokens
+from gateway.engine.batch.costs import ForwardCosts, row_bucket
+from gateway.engine.loop import LoopConfig
+from gateway.engine.models import LoadedModel
+from gateway.engine.proposers.draft_model import DraftModelProposer
+
+
+def choose_batch_k(
+    cfgs: list[LoopConfig],
+    target: ForwardCosts | None,
+    drafts: Mapping[int, tuple[LoadedModel, ForwardCosts]],
+) -> int | None:
+    """Set `policy.batch_k` on the adaptive rows of `cfgs` (the rows decoding this step);
+    returns the k chosen, or None when the rows choose alone."""
+    adaptive = [
+        c for c in cfgs if c.policy is not None and c.proposer is not None and c.policy.measure_c
+    ]
+    for c in adaptive:
+        assert c.policy is not None
+        c.policy.batch_k = None
+    rows = len(cfgs)
+    if not adaptive or target is None or not _measured(target, rows):
+        return None
+    fixed = [(c, c.policy.choose()) for c in cfgs if c.proposer is not None and c.policy
+             and c not in adaptive]  # fmt: skip
+    standard = rows - len(adaptive) - len(fixed)
+    k_hi = max(c.policy.k_max for c in adaptive if c.policy is not None)
+    best_k, best_rate = 0, -1.0
+    for k in range(k_hi + 1):
+        ks = [(c, _clamp(c, k)) for c in adaptive] + fixed
+        widest = max(kc for _, kc in ks)
+        step_s = target.seconds(rows, 1 + widest) or 0.0
+        step_s += _draft_seconds(ks, drafts, target.seconds(rows, 1) or 0.0)
+        tokens = standard + sum(
+            expected_tokens(c.policy.acceptance, kc) for c, kc in ks if c.policy is not None
+        )
+        rate = tokens / step_s if step_s > 0 else 0.0
+        if rate > best_rate * (1 + 1e-9):
+            best_k, best_rate = k, rate
+    for c in adaptive:
+        assert c.policy is not None
+        c.policy.batch_k = best_k
+    return best_k
+
+
+def _measured(costs: ForwardCosts, rows: int) -> bool:
+    b = row_bucket(rows)
+    return len({t for (rb, t) in costs.means if rb == b}) >= 2
+
+
+def _clamp(cfg: LoopConfig, k: int) -> int:
+    p = cfg.policy
+    assert p is not None
+    return min(max(k, 0 if p.may_pause else p.k_min), p.k_max)
+
+
+def _draft_seconds(
+    ks: list[tuple[LoopConfig, int]],
+    drafts: Mapping[int, tuple[LoadedModel, ForwardCosts]],
+    standard_s: float,
+) -> float:
+    """Seconds of the shared draft forwards for these k: per draft, its deepest row's k
+    times one forward of its drafting rows (unmeasured: the rows' c times a standard step)."""
+    total = 0.0
+    for lm, costs in drafts.values():
+        mine = [(c, kc) for c, kc in ks if isinstance(c.proposer, DraftModelProposer)
+                and c.proposer.draft is lm and kc > 0]  # fmt: skip
+        if not mine:
+            continue
+        depth = max(kc for _, kc in mine)
+        one = costs.seconds(len(mine), 1)
+        if one is None:
+            one = max(c.policy.c for c, _ in mine if c.policy is not None) * standard_s
+        total += depth * one
+    return total

@@ -1,0 +1,109 @@
+"""Load-aware speculation inside a batch: measured forward costs (batch/costs.py) and the
+one k per step the batch picks from them (batch/kchoice.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.engine import DecodeRequest, Engine, SamplingParams
+from gateway.engine.batch.costs import ForwardCosts, probe, row_bucket
+from gateway.engine.batch.kchoice import choose_batch_k
+
+from .test_batch import PROMPTS, Job, greedy, run_batch
+
+
+def table(per_token: dict[int, float]) -> ForwardCosts:
+    """Seconds T(B, t) = 1 + per_token[B] * (t - 1) for buckets B (a steep CPU-like growth
+    for a large per_token, a flat GPU-like one for 0)."""
+    costs = ForwardCosts()
+    for b, slope in per_token.items():
+        for t in (1, 2, 3, 5, 9):
+            costs.means[(b, t)] = 1.0 + slope * (t - 1)
+    return costs
+
+
+def spec(engine: Engine, draft, seed: int | None = None, may_pause: bool = True, k=(1, 6)):
+    sp = SamplingParams(temperature=0.0 if seed is None else 0.8, max_tokens=16, seed=seed)
+    req = DecodeRequest(PROMPTS[0], sp, mode="speculative", proposer="draft",
+                        k_min=k[0], k_max=k[1], may_pause=may_pause)  # fmt: skip
+    return engine.prepare(req, draft)
+
+
+def test_interpolation_and_buckets() -> None:
+    costs = table({1: 0.5})
+    assert row_bucket(1) == 1 and row_bucket(5) == 8 and row_bucket(8) == 8
+    assert costs.seconds(1, 4) == pytest.approx(2.5)  # between the probed 3 and 5
+    assert costs.seconds(1, 17) == pytest.approx(9.0)  # past the last: the last slope
+    assert costs.seconds(8, 1) == pytest.approx(1.0)  # no bucket 8: the nearest smaller one
+    assert ForwardCosts().seconds(1, 1) is None
+    assert costs.verify_costs(1, 2) == pytest.approx((1.0, 1.5, 2.0))
+
+
+def test_observe_follows_the_measurements() -> None:
+    costs = ForwardCosts()
+    costs.observe(3, 2, 1.0)
+    costs.observe(4, 2, 2.0)  # the same bucket (4): an exponentially weighted mean
+    assert costs.means == {(4, 2): pytest.approx(1.2)}
+
+
+def test_speculation_pays_on_flat_costs_and_pauses_on_steep_ones(llama_lm, draft_lm) -> None:
+    engine = Engine(llama_lm)
+    rows = [spec(engine, draft_lm) for _ in range(4)]
+    drafts = {id(draft_lm): (draft_lm, table({4: 0.0}))}
+    drafts[id(draft_lm)][1].means = {(4, 1): 0.05}  # a draft forward: 5% of a target one
+    assert choose_batch_k(rows, table({4: 0.0}), drafts) > 0  # verify is free: draft ahead
+    assert all(r.policy.batch_k == rows[0].policy.batch_k for r in rows)
+    assert choose_batch_k(rows, table({4: 2.0}), drafts) == 0  # each token costs 2 steps
+    assert all(r.policy.choose() == 0 for r in rows)
+
+
+def test_forced_rows_keep_k_min_and_seeded_rows_their_own_k(llama_lm, draft_lm) -> None:
+    engine = Engine(llama_lm)
+    forced = spec(engine, draft_lm, may_pause=False, k=(2, 6))
+    seeded = spec(engine, draft_lm, seed=7)
+    own = seeded.policy.choose()
+    assert choose_batch_k([forced, seeded], table({2: 2.0}), {}) == 0
+    assert forced.policy.choose() == 2  # clamped to its k_min: forced speculation stays on
+    assert seeded.policy.batch_k is None and seeded.policy.choose() == own
+
+
+def test_no_choice_without_measured_costs(llama_lm, draft_lm) -> None:
+    engine = Engine(llama_lm)
+    rows = [spec(engine, draft_lm)]
+    assert choose_batch_k(rows, None, {}) is None
+    one_point = ForwardCosts({(1, 1): 1.0})
+    assert choose_batch_k(rows, one_point, {}) is None
+    assert rows[0].policy.batch_k is None
+
+
+def test_speculation_turns_off_at_a_big_batch_and_back_on_when_it_shrinks(
+    llama_lm, draft_lm
+) -> None:
+    engine = Engine(llama_lm)
+    costs = table({1: 0.0, 8: 3.0})  # flat alone, steep at 8 rows
+    drafts = {id(draft_lm): (draft_lm, ForwardCosts({(1, 1): 0.05, (8, 1): 0.05}))}
+    crowd = [spec(engine, draft_lm) for _ in range(8)]
+    assert choose_batch_k(crowd, costs, drafts) == 0
+    assert choose_batch_k(crowd[:1], costs, drafts) > 0
+
+
+def test_a_paused_row_gives_its_alone_output(llama_lm, draft_lm) -> None:
+    """Rows that may pause, in a batch whose measured costs say speculation does not pay:
+    they draft nothing on those steps and still give their alone output."""
+    engine = Engine(llama_lm)
+    engine.costs[id(llama_lm)] = table({1: 5.0, 2: 5.0, 4: 5.0, 8: 5.0})
+    req = {"mode": "speculative", "proposer": "draft", "k_min": 1, "k_max": 4}
+    jobs = [
+        Job(0, DecodeRequest(p, greedy(14), may_pause=True, **req), draft_lm) for p in PROMPTS
+    ]
+    solo = [engine.run(j.req, j.draft) for j in jobs]
+    got = run_batch(engine, jobs)
+    for a, b in zip(solo, got, strict=True):
+        assert b.token_ids == a.token_ids
+        assert b.stats.paused_steps > 0 and b.stats.mean_batch_rows > 1
+
+
+def test_probe_measures_every_bucket(llama_lm) -> None:
+    costs = probe(llama_lm, 3, tokens=(1, 2), context=8, repeats=1)
+    assert set(costs.means) == {(b, t) for b in (1, 2, 4) for t in (1, 2)}
+    assert all(s > 0 for s in costs.means.values())
