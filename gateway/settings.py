@@ -46,6 +46,14 @@ class Settings:
     max_batch: int = 8
     """Rows of one target's continuous batch: requests that share every target forward.
     Each row reserves a KV slot of the target's full context length (see README)."""
+    kv_budget_tokens: int | None = None
+    """KV cache budget of one target's batch, in tokens: its rows are capped at
+    budget // context length (each row's slot holds a full context), at least 1; default
+    no cap beyond max_batch. Arrivals past the rows wait in the queue."""
+    measure_costs: bool = True
+    """Time each model's forwards for batches of 1..max_batch rows when it loads (a few
+    seconds on CPU), so that auto mode's cost model starts from measurements; the batch
+    then keeps following its real forwards either way."""
     torch_threads: int | None = None
     """CPU threads of the inference thread's torch kernels; default torch's own choice (the
     physical cores). The inference thread is the only one that runs torch."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from gateway.costmodel import best_k, expected_speedup, expected_tokens
+from gateway.costmodel import best_k, expected_speedup, expected_tokens, verify_cost_at
 from policies.types import HistoryEntry
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "expected_speedup",
     "expected_tokens",
     "update_history",
+    "verify_cost_at",
 ]
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from policies.bundle import PolicyBundle
-from policies.costmodel import best_k
+from policies.costmodel import best_k, verify_cost_at
 from policies.document import ENFORCE, TenantPolicy
 from policies.types import (
     MODES,
@@ -82,6 +82,7 @@ def decide(bundle: PolicyBundle, ctx: DecisionContext) -> Decision:
     trace.inputs.update(
         queue_depth=ctx.load.queue_depth,
         capacity=ctx.load.capacity,
+        batch_rows=ctx.load.batch_rows,
         max_tokens=req.max_tokens,
     )
     k_min, k_max = policy.speculation.k_min, policy.speculation.k_max
@@ -145,8 +146,11 @@ def _run(
 
     # 5. cost model
     a, c = _acceptance_and_cost(policy, ctx, (proposer, version), trace)
-    k_best, speedup = best_k(a, c, k_bounds[0], k_bounds[1])
+    verify = ctx.load.verify_cost or None
+    k_best, speedup = best_k(a, c, k_bounds[0], k_bounds[1], verify)
     trace.inputs.update(k_best=k_best, expected_speedup=speedup)
+    if verify is not None:
+        trace.inputs["verify_cost_at_k"] = verify_cost_at(verify, k_best)
 
     # 6. auto
     resolved, auto_outcome, effective = mode, None, "speculative"
@@ -270,10 +274,17 @@ def _acceptance_and_cost(
         trace.because(Reason.COLD_START_PRIOR, "auto.prior")
         prior = policy.auto.priors[key[0]]
         source, a, c, n = "prior", prior.acceptance, prior.c, 0
+    measured = ctx.load.draft_c.get(key[1]) if key[0] == "draft" and key[1] else None
+    if measured is not None and math.isfinite(measured) and measured >= 0:
+        trace.inputs["history_c"] = c
+        c, c_source = measured, "measured_at_batch"
+    else:
+        c_source = source
     trace.inputs.update(
         proposer=key[0],
         draft_version=key[1],
         history_source=source,
+        c_source=c_source,
         acceptance=a,
         c=c,
         samples=n,

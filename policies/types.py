@@ -63,6 +63,15 @@ class Load:
     """Requests waiting for the inference worker right now."""
     capacity: int
     """Requests the worker can hold; reported in `Decision.inputs` only."""
+    batch_rows: int = 1
+    """Rows the request is expected to share each forward with (itself included): the batch
+    size the cost model assumes, recorded in `Decision.inputs`."""
+    verify_cost: tuple[float, ...] = ()
+    """Measured at `batch_rows`: verify_cost[k] = a verify forward of k + 1 tokens per row
+    in standard steps (empty: not measured, the paper's 1)."""
+    draft_c: Mapping[str, float] = field(default_factory=dict)
+    """Measured at `batch_rows`, per loaded draft version: one draft forward / one standard
+    step. Used for c instead of the history's when present."""
 
 
 @dataclass(frozen=True)

@@ -70,9 +70,13 @@ async def build_services(settings: Settings) -> Services:
         settings.max_active,
         on_start=lambda: init_torch_thread(settings.torch_threads),
         max_batch=settings.max_batch,
+        kv_budget_tokens=settings.kv_budget_tokens,
     )
     worker.start()
-    pool = ModelPool.from_manifest(settings.models, settings.device, settings.dtype, worker.call)
+    pool = ModelPool.from_manifest(
+        settings.models, settings.device, settings.dtype, worker.call,
+        probe_rows=settings.max_batch if settings.measure_costs else 0,
+    )  # fmt: skip
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)
     view = RolloutView(store, pool, recorder.detach)

@@ -166,8 +166,7 @@ class PolicyService:
         f: RequestFeatures,
         draft_versions: tuple[str, ...],
         preferred: str | None,
-        depth: int,
-        capacity: int,
+        load: Load,
     ) -> DecisionContext:
         mine, everyone = self._histories(tenant)
         return DecisionContext(
@@ -175,7 +174,7 @@ class PolicyService:
             request=f,
             history=mine,
             global_history=everyone,
-            load=Load(queue_depth=depth, capacity=capacity),
+            load=load,
             capabilities=Capabilities(draft_versions, preferred),
             previous_mode=self.previous_mode.get(tenant),
             probe_draw=self._rng.random(),
@@ -188,13 +187,12 @@ class PolicyService:
         f: RequestFeatures,
         draft_versions: tuple[str, ...],
         preferred: str | None,
-        depth: int,
-        capacity: int,
+        load: Load,
     ) -> Plan:
         """The decision for one request, with the limits and lists it runs under.
         `preferred`: the rollout's draft version for this request (None: no preference)."""
         self._refresh_in_background()
-        ctx = self.context(tenant, f, draft_versions, preferred, depth, capacity)
+        ctx = self.context(tenant, f, draft_versions, preferred, load)
         bundle = self.policies.active
         decision = decide(bundle, ctx)
         if decision.auto_outcome is not None:
@@ -292,6 +290,6 @@ class PolicyService:
         versions = tuple(request.get("draft_versions", ()))
         allows = self.allows_draft_version(tenant)
         preferred = self.choose_draft(f.model, "dry-run", tenant, allows)
-        ctx = self.context(tenant, f, versions, preferred, depth, 0)
+        ctx = self.context(tenant, f, versions, preferred, Load(queue_depth=depth, capacity=0))
         decision = decide(self.policies.active, ctx)
         return {"decision": decision.to_dict()}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from gateway.database import Payload
 from gateway.engine import DecodeRequest, DecodeResult, Delta, EngineError, Finished, KPrior
@@ -29,7 +30,7 @@ from gateway.serving.ratelimit import Quota, RateLimiter, Ticket
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutTraffic
 from gateway.serving.worker import InferenceWorker, Job, Overloaded
-from policies import Decision
+from policies import Decision, Load
 
 
 @dataclass
@@ -129,6 +130,9 @@ class Generation:
             await self.service.finish(self, Outcome(status=status, error=error))
 
 
+COST_K = 16  # verify costs handed to the policy for k = 0..16 (extrapolated past)
+
+
 class GenerationService:
     def __init__(
         self,
@@ -155,7 +159,7 @@ class GenerationService:
         )
         plan = self.policy.decide(  # 4. mode, proposer, draft version, k, limits
             tenant, prepared.features, self.pool.draft_versions(prepared.entry.name),
-            preferred, self.worker.depth, self.worker.capacity,
+            preferred, self._load(prepared),
         )  # fmt: skip
         quota, ticket = self._admit(tenant, plan, prepared)  # 5. the tenant's rate limits
         draft, job = await self._run(cmd, prepared, plan, ticket)  # 6. queue the engine run
@@ -192,6 +196,23 @@ class GenerationService:
         await self.recorder.record(record, None, None, best_effort=True)
 
     # -- the steps ------------------------------------------------------------------------
+
+    def _load(self, prepared: Prepared) -> Load:
+        """The load the decision assumes: the batch this request would join (its rows and
+        the forward costs measured there, see Engine.cost_at) and the queue."""
+        w, engine = self.worker, prepared.engine
+        rows = max(1, min(w.max_batch, w.depth + 1))
+        cost = engine.cost_at(rows, COST_K)
+        draft_c: dict[str, float] = {}
+        for version, model in self.pool.loaded_draft_models(prepared.entry.name).items():
+            measured = engine.cost_at(rows, 0, model)
+            if measured is not None and measured.draft_c is not None:
+                draft_c[version] = measured.draft_c
+        return Load(
+            queue_depth=w.depth, capacity=w.capacity, batch_rows=rows,
+            verify_cost=cost.verify if cost is not None else (),
+            draft_c=MappingProxyType(draft_c),
+        )  # fmt: skip
 
     def _authorize(self, principal: Principal) -> str:
         if principal.role != "tenant" or principal.tenant_id is None:
@@ -237,6 +258,7 @@ class GenerationService:
                 prediction=cmd.prediction,
                 grammar=prepared.grammar,
                 k_prior=_k_prior(plan),
+                may_pause=decision.auto_outcome is not None,  # auto: off where it won't pay
             )
             model = draft.model if draft else None
             job = self.worker.submit_decode(prepared.engine, request, model)

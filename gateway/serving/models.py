@@ -11,7 +11,9 @@ version.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,8 @@ from typing import Any
 from gateway.engine import Engine, LoadedModel, check_pair, load_model
 from gateway.serving.errors import GatewayError
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
+
+log = logging.getLogger("gateway.models")
 
 Runner = Callable[[Callable[[], Any]], Awaitable[Any]]
 
@@ -32,23 +36,31 @@ class DraftHandle:
 
 class ModelPool:
     def __init__(
-        self, manifest: Manifest, device: str | None, dtype: str | None, runner: Runner
+        self,
+        manifest: Manifest,
+        device: str | None,
+        dtype: str | None,
+        runner: Runner,
+        probe_rows: int = 0,
     ) -> None:
+        """probe_rows > 0: time each model's forwards for batches of up to that many rows
+        when it loads (Engine.measure_costs), so the cost model starts from measurements."""
         self.manifest = manifest
         self.device = device
         self.dtype = dtype
         self._run = runner
+        self.probe_rows = probe_rows
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
         self._drafts: dict[tuple[str, str], DraftHandle] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def from_manifest(
-        cls, path: str, device: str | None, dtype: str | None, runner: Runner
+        cls, path: str, device: str | None, dtype: str | None, runner: Runner, probe_rows: int = 0
     ) -> ModelPool:
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
-        return cls(load_manifest(path), device, dtype, runner)
+        return cls(load_manifest(path), device, dtype, runner, probe_rows)
 
     async def load_targets(self) -> None:
         for entry in self.manifest.targets():
@@ -81,7 +93,20 @@ class ModelPool:
             return self._engines[name]
 
     def _load_target(self, entry: ModelEntry) -> Engine:  # on the inference thread
-        return Engine(load_model(str(entry.path), self.device, self.dtype, draft_vocab=False))
+        engine = Engine(load_model(str(entry.path), self.device, self.dtype, draft_vocab=False))
+        self._probe(engine, None, entry)
+        return engine
+
+    def _probe(self, engine: Engine, draft: LoadedModel | None, entry: ModelEntry) -> None:
+        if self.probe_rows <= 0:
+            return
+        t0 = time.perf_counter()
+        costs = engine.measure_costs(self.probe_rows, draft)
+        log.info(
+            "forward costs of %s v%s measured for up to %d rows: %d shapes in %.2f s",
+            entry.name, entry.version, self.probe_rows, len(costs.means),
+            time.perf_counter() - t0,
+        )  # fmt: skip
 
     # -- drafts ------------------------------------------------------------------------
 
@@ -108,7 +133,14 @@ class ModelPool:
     def _load_draft(self, entry: ModelEntry, engine: Engine) -> LoadedModel:  # inference thread
         model = load_model(str(entry.path), device=self.device, dtype=self.dtype)
         check_pair(engine.target, model)
+        self._probe(engine, model, entry)
         return model
+
+    def loaded_draft_models(self, target: str) -> dict[str, LoadedModel]:
+        """Version -> model of this target's drafts loaded so far."""
+        names = {e.name for e in self.manifest.drafts_for(target)}
+        with self._lock:
+            return {v: h.model for (n, v), h in self._drafts.items() if n in names}
 
     def unload_draft(self, name: str, version: str) -> bool:
         with self._lock:

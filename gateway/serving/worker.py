@@ -112,11 +112,13 @@ class InferenceWorker:
         name: str = "inference",
         on_start: Callable[[], None] | None = None,
         max_batch: int = 8,
+        kv_budget_tokens: int | None = None,
     ) -> None:
         """``on_start`` runs first on the thread (set torch's thread count there)."""
         self.capacity = capacity
         self.max_active = max_active
         self.max_batch = max_batch
+        self.kv_budget_tokens = kv_budget_tokens
         self._on_start = on_start
         self._inbox: queue.Queue[Job | _Call | None] = queue.Queue()
         self._waiting = 0
@@ -198,7 +200,7 @@ class InferenceWorker:
             self._on_start()
         waiting: collections.deque[Job] = collections.deque()
         active: list[tuple[Job, Iterator[Any]]] = []
-        batches = _Batches(self.max_batch)
+        batches = _Batches(self.max_batch, self.kv_budget_tokens)
         stopping = False
         while True:
             # 1. Take what arrived: calls run now, jobs join the waiting line. Block only
@@ -286,8 +288,9 @@ class InferenceWorker:
 class _Batches:
     """The continuous batch of each target engine, and which job each row belongs to."""
 
-    def __init__(self, max_rows: int) -> None:
+    def __init__(self, max_rows: int, kv_budget_tokens: int | None = None) -> None:
         self.max_rows = max_rows
+        self.kv_budget_tokens = kv_budget_tokens
         self._batches: dict[int, Batch] = {}  # id(engine) -> engine.batch(max_rows)
         self._jobs: dict[int, Job] = {}  # id(row) -> its job
 
@@ -304,7 +307,8 @@ class _Batches:
         assert d is not None
         batch = self._batches.get(id(d.engine))
         if batch is None:
-            batch = self._batches[id(d.engine)] = d.engine.batch(self.max_rows)
+            rows = batch_rows(self.max_rows, self.kv_budget_tokens, d.engine.context_length)
+            batch = self._batches[id(d.engine)] = d.engine.batch(rows)
         row = batch.add(d.engine.prepare(d.request, d.draft), job.cancelled.is_set)
         self._jobs[id(row)] = job
 
@@ -319,3 +323,11 @@ class _Batches:
                     del self._jobs[id(row)]
                 out.append((job, events))
         return out
+
+
+def batch_rows(max_rows: int, kv_budget_tokens: int | None, context_length: int) -> int:
+    """Rows of a target's batch: max_rows, capped by the KV budget (each row's slot holds
+    the target's full context), at least one."""
+    if kv_budget_tokens is None:
+        return max_rows
+    return max(1, min(max_rows, kv_budget_tokens // max(1, context_length)))

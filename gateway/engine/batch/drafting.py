@@ -81,20 +81,26 @@ class DraftBatch:
         if kv is not None:
             self.cache.release(kv.slot)
 
-    def prefill(self, proposer: DraftModelProposer, ids: Sequence[int]) -> None:
-        """Feed prompt tokens the target is prefilling (backbone only: no logits needed);
-        skipped when the draft's cache is not at that point or the draft's context is
-        too short (the first proposal then feeds what is missing)."""
-        kv = self.members[id(proposer)]
-        if not ids or kv.cache.length[kv.slot] + len(ids) > self.cache.capacity:
+    def prefill(self, items: list[tuple[DraftModelProposer, list[int]]]) -> None:
+        """Feed prompt chunks the target is prefilling, in one forward through the backbone
+        (no logits needed); a row whose draft context is too short is skipped (its first
+        proposal then feeds what is missing)."""
+        fits = [
+            (p, ids) for p, ids in items
+            if ids and self.cache.length[self.members[id(p)].slot] + len(ids) <= self.cache.capacity
+        ]  # fmt: skip
+        if not fits:
             return
         t0 = time.perf_counter()
         batched_forward(
-            self.draft.model, self._kwarg, self.cache, [kv.slot], [list(ids)],
+            self.draft.model, self._kwarg, self.cache,
+            [self.members[id(p)].slot for p, _ in fits], [ids for _, ids in fits],
             self.draft.device, keep_last=True, backbone=True,
         )  # fmt: skip
-        self.cache.length[kv.slot] += len(ids)
-        proposer.fed_tokens(ids, time.perf_counter() - t0, step=False)
+        spent = time.perf_counter() - t0
+        for p, ids in fits:
+            self.cache.length[self.members[id(p)].slot] += len(ids)
+            p.fed_tokens(ids, spent, step=False)
 
     def propose(self, asks: list[tuple[DraftModelProposer, Sequence[int], int]]) -> list[Proposal]:
         """One proposal per (proposer, committed context, k), drafted in shared forwards."""

@@ -5,9 +5,10 @@ on) a slot of the SlotCache; `Batch.step` advances every row by one step and ret
 row's events; a finished or cancelled row leaves its slot at once, and a new one can join
 before the next step. One step:
 
-1. Prefill: the oldest row still prefilling feeds one chunk (at most `prefill_chunk`
-   tokens) of its prompt in a forward of its own, so a long arrival delays the others by
-   one chunk per step, not by its whole prompt.
+1. Prefill: the oldest rows still prefilling feed their next chunks of prompt in one
+   forward of their own, at most `prefill_chunk` tokens in all (rows x longest chunk), so
+   a long arrival delays the others by one chunk per step, not by its whole prompt, and
+   short arrivals prefill together.
 2-4. Every decoding row plans its step exactly as alone (room and k: loop.plan_k; the
    proposal; grammar masks: loop.plan_masks): standard rows feed 1 token, speculative rows
    1 + n. Rows drafting with the same draft model draft together (batch/drafting.py: one
@@ -97,8 +98,9 @@ class Batch:
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         layers = int(target.model.config.num_hidden_layers)
-        # pad: a verify step right-pads rows to the longest feed (1 + k <= 1 + MAX_K)
-        self.cache = SlotCache(layers, max_rows, target.context_length, pad=MAX_K + 1)
+        # pad: a step right-pads rows to the longest feed (1 + k <= 1 + MAX_K, or a chunk)
+        self.pad = max(MAX_K + 1, prefill_chunk)
+        self.cache = SlotCache(layers, max_rows, target.context_length, pad=self.pad)
         self._kwarg = cache_kwarg(target.model)
         self.rows: list[Row] = []
         self.drafts: dict[int, DraftBatch] = {}  # id(draft model) -> its shared draft slots
@@ -123,7 +125,7 @@ class Batch:
             db = self.drafts.get(id(p.draft))
             if db is None:
                 costs = self.costs.setdefault(id(p.draft), ForwardCosts())
-                db = DraftBatch(p.draft, self.max_rows, MAX_K + 1, costs)
+                db = DraftBatch(p.draft, self.max_rows, self.pad, costs)
                 self.drafts[id(p.draft)] = db
             db.join(p)
         return row
@@ -184,25 +186,41 @@ class Batch:
     # -- the steps ------------------------------------------------------------------------
 
     def _prefill(self) -> None:
-        row = next((r for r in self.rows if r.prefilling and not r.finished), None)
-        if row is None:
+        """1. The oldest prefilling rows feed their next chunks in one forward, within a
+        budget of `prefill_chunk` tokens (rows x longest chunk, padding included)."""
+        waiting = [r for r in self.rows if r.prefilling and not r.finished]
+        if not waiting:
             return
+        group: list[tuple[Row, list[int]]] = []
+        width = 0  # the first row's chunk: the others feed at most as many tokens
+        for row in waiting:
+            left = len(row.cfg.prompt_ids) - 1 - row.prefilled
+            if not group:
+                width = min(left, self.prefill_chunk)
+            elif (len(group) + 1) * width > self.prefill_chunk:
+                break
+            take = min(left, width)
+            group.append((row, row.ctx[row.prefilled : row.prefilled + take]))
         t0 = time.perf_counter()
-        end = min(len(row.cfg.prompt_ids) - 1, row.prefilled + self.prefill_chunk)
-        chunk = row.ctx[row.prefilled : end]
         batched_forward(
-            self.target.model, self._kwarg, self.cache, [row.slot], [chunk],
-            self.target.device, keep_last=True,
+            self.target.model, self._kwarg, self.cache, [r.slot for r, _ in group],
+            [c for _, c in group], self.target.device, keep_last=True,
         )  # fmt: skip
-        self.cache.length[row.slot] = end
-        p = row.cfg.proposer
-        db = self.drafts.get(id(p.draft)) if isinstance(p, DraftModelProposer) else None
-        if db is not None and isinstance(p, DraftModelProposer) and p.fed == row.prefilled:
-            db.prefill(p, chunk)  # the draft's prompt, beside the target's
-        row.prefilled = end
-        row.forwards += 1
         self.forwards += 1
-        row.cfg.stats.prefill_s += time.perf_counter() - t0
+        drafts: dict[int, list[tuple[DraftModelProposer, list[int]]]] = {}
+        for row, chunk in group:
+            self.cache.length[row.slot] = row.prefilled + len(chunk)
+            p = row.cfg.proposer
+            shared = isinstance(p, DraftModelProposer) and id(p.draft) in self.drafts
+            if shared and isinstance(p, DraftModelProposer) and p.fed == row.prefilled:
+                drafts.setdefault(id(p.draft), []).append((p, chunk))  # beside the target's
+            row.prefilled += len(chunk)
+            row.forwards += 1
+        for key, items in drafts.items():
+            self.drafts[key].prefill(items)
+        spent = time.perf_counter() - t0
+        for row, _ in group:
+            row.cfg.stats.prefill_s += spent
 
     def _plan(
         self, ks: list[tuple[Row, int]], events: dict[int, list[Event]]

@@ -93,9 +93,7 @@ def test_a_paused_row_gives_its_alone_output(llama_lm, draft_lm) -> None:
     engine = Engine(llama_lm)
     engine.costs[id(llama_lm)] = table({1: 5.0, 2: 5.0, 4: 5.0, 8: 5.0})
     req = {"mode": "speculative", "proposer": "draft", "k_min": 1, "k_max": 4}
-    jobs = [
-        Job(0, DecodeRequest(p, greedy(14), may_pause=True, **req), draft_lm) for p in PROMPTS
-    ]
+    jobs = [Job(0, DecodeRequest(p, greedy(14), may_pause=True, **req), draft_lm) for p in PROMPTS]
     solo = [engine.run(j.req, j.draft) for j in jobs]
     got = run_batch(engine, jobs)
     for a, b in zip(solo, got, strict=True):
