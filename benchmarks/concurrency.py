@@ -1,7 +1,10 @@
 """Concurrent clients over HTTP: aggregate tokens/s, time to first token and inter-token
 latency (p50, p95), for forced standard, forced speculative (draft v2) and auto, at 1, 2,
 4, 8 and 16 clients; next to Hugging Face `generate` on a static padded batch of the same
-prompts (same models, greedy, same new tokens) in a process of its own.
+prompts and transformers' own continuous batching (`generate_batch`, paged attention), both
+in-process in a process of their own (same models, greedy, same new tokens). Every output
+is compared with the same prompt served alone (standard decoding, one client): the report
+gives the share that is identical. Writes concurrency.json and concurrency.png.
 
     python -m benchmarks concurrency [--quick]
 
@@ -58,6 +61,7 @@ def _stream(
     }
     t0 = time.perf_counter()
     stamps: list[float] = []
+    texts: list[str] = []
     tokens = 0
     headers = {"authorization": f"Bearer {key}"}
     with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
@@ -70,8 +74,11 @@ def _stream(
                 tokens = int(chunk["usage"]["completion_tokens"])
             elif chunk.get("choices") and chunk["choices"][0].get("text"):
                 stamps.append(time.perf_counter())
+                texts.append(chunk["choices"][0]["text"])
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
     return {
+        "prompt": prompt,
+        "text": "".join(texts),
         "tokens": tokens,
         "ttft": stamps[0] - t0 if stamps else None,
         "gaps": gaps,
@@ -80,8 +87,9 @@ def _stream(
 
 
 def _level(
-    url: str, key: str, prompts: list[str], clients: int, per_client: int, decoding: dict[str, Any]
-) -> dict[str, Any]:
+    url: str, key: str, prompts: list[str], clients: int, per_client: int,
+    decoding: dict[str, Any], alone: dict[str, str],
+) -> dict[str, Any]:  # fmt: skip
     work = [
         [prompts[(c * per_client + i) % len(prompts)] for i in range(per_client)]
         for c in range(clients)
@@ -103,6 +111,9 @@ def _level(
         "ttft_ms": {"p50": _pct(ttft, 50), "p95": _pct(ttft, 95)},
         "itl_ms": {"p50": _pct(gaps, 50), "p95": _pct(gaps, 95)},
         "speculative_share": round(modes.count("speculative") / len(modes), 3),
+        "identical_to_alone": round(
+            sum(r["text"] == alone[r["prompt"]] for r in runs) / len(runs), 3
+        ),
         "requests": len(runs),
     }
 
@@ -140,6 +151,37 @@ print(json.dumps({{"tokens_per_s": round(n / dt, 1), "batch": {batch}}}))
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _hf_continuous(prompts: list[str], n: int) -> dict[str, Any]:
+    """transformers' continuous batching (generate_batch, paged attention), own process."""
+    code = f"""
+import json, logging, time, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+logging.disable(logging.WARNING)
+path = {str(ROOT / "models_registry/demo/demo-code-target-v1")!r}
+tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
+                                             attn_implementation="paged|sdpa")
+prompts = {prompts!r}
+work = [tok(prompts[i % len(prompts)])["input_ids"] for i in range({n})]
+cfg = GenerationConfig(max_new_tokens={NEW_TOKENS}, do_sample=False,
+                       eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+def run():
+    out = model.generate_batch(work, generation_config=cfg)
+    return sum(len(o.generated_tokens) for o in out.values())
+run()
+t0 = time.perf_counter(); n = run(); dt = time.perf_counter() - t0
+print(json.dumps({{"tokens_per_s": round(n / dt, 1), "requests": {n}}}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _alone(url: str, key: str, prompts: list[str]) -> dict[str, str]:
+    """Each prompt served alone, standard decoding: the reference text."""
+    with httpx.Client(base_url=url, timeout=600) as c:
+        return {p: _stream(c, key, p, MODES["standard"])["text"] for p in prompts}
+
+
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     prompts = _prompts()
     per_client = 1 if quick else 2
@@ -158,14 +200,20 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         with httpx.Client(base_url=gw.url, timeout=600) as c:
             for d in MODES.values():
                 _stream(c, key, prompts[0], d)  # warm-up (the draft loads on first use)
+        alone = _alone(gw.url, key, prompts)
         for n in clients:
             for name, decoding in MODES.items():
-                results[name][str(n)] = _level(gw.url, key, prompts, n, per_client, decoding)
-                print(f"   {name:11} {n:2} clients: {results[name][str(n)]}", flush=True)
-    hf = {str(b): _hf_static(prompts, b) for b in ((1, 8) if quick else (1, 8, 16))}
+                level = _level(gw.url, key, prompts, n, per_client, decoding, alone)
+                results[name][str(n)] = level
+                print(f"   {name:11} {n:2} clients: {level}", flush=True)
+    sizes = (1, 8) if quick else (1, 8, 16)
+    hf = {str(b): _hf_static(prompts, b) for b in sizes}
+    hf_cb = {str(b): _hf_continuous(prompts, b) for b in sizes}
+    print(f"   HF static {hf}, HF continuous {hf_cb}", flush=True)
     top = str(max(clients))
     eight = "8"
     auto = results["auto"]
+    _plot(out_dir / "concurrency.png", results, hf, hf_cb)
     return {
         "setup": {
             "prompts": len(prompts),
@@ -177,6 +225,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         },
         "gateway": results,
         "hf_static_batch": hf,
+        "hf_continuous_batching": hf_cb,
         "goals": {
             "auto_8_over_1": round(auto[eight]["tokens_per_s"] / auto["1"]["tokens_per_s"], 3),
             "auto_over_best_fixed": {
@@ -192,7 +241,16 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             },
             "p95_itl_8_over_1": _ratio(auto[eight]["itl_ms"]["p95"], auto["1"]["itl_ms"]["p95"]),
             "ours_8_over_hf_static_8": round(
-                max(r[eight]["tokens_per_s"] for r in results.values()) / hf["8"]["tokens_per_s"], 3
+                auto[eight]["tokens_per_s"] / hf["8"]["tokens_per_s"], 3
+            ),
+            "ours_8_over_hf_continuous_8": round(
+                auto[eight]["tokens_per_s"] / hf_cb["8"]["tokens_per_s"], 3
+            ),
+            "auto_8_over_standard_8": round(
+                auto[eight]["tokens_per_s"] / results["standard"][eight]["tokens_per_s"], 3
+            ),
+            "identical_to_alone": min(
+                lv["identical_to_alone"] for r in results.values() for lv in r.values()
             ),
             "top_clients": top,
         },
@@ -205,3 +263,34 @@ def _best(results: dict[str, dict[str, Any]], n: str) -> float:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
+
+
+def _plot(
+    path: Path, results: dict[str, dict[str, Any]], hf: dict[str, Any], hf_cb: dict[str, Any]
+) -> None:
+    """Aggregate tokens/s and p95 inter-token latency against clients."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (tps, itl) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, levels in results.items():
+        xs = [int(n) for n in levels]
+        tps.plot(xs, [v["tokens_per_s"] for v in levels.values()], marker="o", label=name)
+        itl.plot(xs, [v["itl_ms"]["p95"] for v in levels.values()], marker="o", label=name)
+    for label, base, style in (("HF static batch", hf, "k--"), ("HF generate_batch", hf_cb, "k:")):
+        xs = [int(n) for n in base]
+        tps.plot(xs, [v["tokens_per_s"] for v in base.values()], style, marker="s", label=label)
+    tps.set(xlabel="concurrent clients (batch for HF)", ylabel="aggregate tokens/s",
+            xscale="log", title="Throughput, greedy, 64 new tokens")  # fmt: skip
+    itl.set(xlabel="concurrent clients", ylabel="p95 inter-token latency (ms)", xscale="log",
+            title="Inter-token latency (streamed)")  # fmt: skip
+    for ax in (tps, itl):
+        ax.set_xticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
