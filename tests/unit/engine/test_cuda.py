@@ -66,3 +66,26 @@ def test_reduced_draft_head_loads_and_drafts_on_cuda(model_dirs, dtype, tmp_path
         with torch.no_grad():
             top2 = target.model(input_ids=ids).logits[0, -1].float().topk(2).values
         assert float(top2[0] - top2[1]) < 0.05, f"outputs part at {j} without a near tie"
+
+
+def test_a_mixed_batch_on_cuda_gives_every_row_its_alone_output(model_dirs) -> None:
+    """The batch path on the GPU, fp32 (no half-precision ties): standard, draft-model and
+    prompt-lookup rows joining at different steps; the forward costs probe runs too."""
+    from .test_batch import PROMPTS, Job, greedy, run_batch
+
+    target = load_model(model_dirs["llama"], device="cuda", dtype=torch.float32)
+    draft = load_model(model_dirs["draft"], device="cuda", dtype=torch.float32)
+    eng = Engine(target)
+    costs = eng.measure_costs(4)
+    assert costs.seconds(4, 3) is not None
+    spec = {"mode": "speculative", "k_min": 1, "k_max": 4}
+    jobs = [
+        Job(0, DecodeRequest(PROMPTS[0], greedy(20))),
+        Job(0, DecodeRequest(PROMPTS[1], greedy(24), proposer="draft", **spec), draft),
+        Job(2, DecodeRequest(PROMPTS[2], greedy(16), proposer="prompt_lookup", **spec)),
+        Job(3, DecodeRequest(PROMPTS[3], greedy(18), proposer="draft", may_pause=True, **spec),
+            draft),
+    ]  # fmt: skip
+    solo = [eng.run(j.req, j.draft).token_ids for j in jobs]
+    got = [r.token_ids for r in run_batch(eng, jobs)]
+    assert got == solo
