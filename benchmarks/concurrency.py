@@ -176,6 +176,27 @@ print(json.dumps({{"tokens_per_s": round(n / dt, 1), "requests": {n}}}))
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _forward_costs() -> dict[str, Any]:
+    """What the engine's probe measures for the demo pair in a process of its own (the
+    gateway is down): target forward ms by rows x tokens, and the draft's per row count."""
+    code = """
+import json
+from benchmarks._pairs import load_pair
+from gateway.engine import Engine, init_torch_thread
+init_torch_thread()
+pair = load_pair()
+eng = Engine(pair.target)
+t = eng.measure_costs(16)
+d = eng.measure_costs(16, pair.drafts["v2"])
+fmt = lambda c: {f"{r}x{k}": round(1000 * s, 2) for (r, k), s in sorted(c.means.items())}
+print(json.dumps({"target": fmt(t), "draft_v2": fmt(d)}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def _alone(url: str, key: str, prompts: list[str]) -> dict[str, str]:
     """Each prompt served alone, standard decoding: the reference text."""
     with httpx.Client(base_url=url, timeout=600) as c:
@@ -207,6 +228,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
                 results[name][str(n)] = level
                 print(f"   {name:11} {n:2} clients: {level}", flush=True)
     sizes = (1, 8) if quick else (1, 8, 16)
+    costs = _forward_costs()
     hf = {str(b): _hf_static(prompts, b) for b in sizes}
     hf_cb = {str(b): _hf_continuous(prompts, b) for b in sizes}
     print(f"   HF static {hf}, HF continuous {hf_cb}", flush=True)
@@ -226,6 +248,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         "gateway": results,
         "hf_static_batch": hf,
         "hf_continuous_batching": hf_cb,
+        "forward_costs_ms": costs,
         "goals": {
             "auto_8_over_1": round(auto[eight]["tokens_per_s"] / auto["1"]["tokens_per_s"], 3),
             "auto_over_best_fixed": {

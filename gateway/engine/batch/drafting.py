@@ -102,11 +102,20 @@ class DraftBatch:
             self.cache.length[self.members[id(p)].slot] += len(ids)
             p.fed_tokens(ids, spent, step=False)
 
-    def propose(self, asks: list[tuple[DraftModelProposer, Sequence[int], int]]) -> list[Proposal]:
-        """One proposal per (proposer, committed context, k), drafted in shared forwards."""
+    def propose(
+        self, asks: list[tuple[DraftModelProposer, Sequence[int], int]]
+    ) -> list[Proposal | Exception]:
+        """One proposal per (proposer, committed context, k), drafted in shared forwards;
+        a row whose own step raised (its grammar, say) gets its exception instead, and the
+        others go on."""
         feeds: dict[int, list[int]] = {}
+        failed: dict[int, Exception] = {}
         for i, (p, ctx, k) in enumerate(asks):
-            feed = p.begin(ctx, k)  # 1.
+            try:
+                feed = p.begin(ctx, k)  # 1.
+            except Exception as exc:
+                failed[i] = exc
+                continue
             if feed is not None:
                 feeds[i] = feed
         while feeds:
@@ -118,11 +127,24 @@ class DraftBatch:
                 props = [asks[i][0] for i in group]
                 logits = self._forward(props, [feeds[i] for i in group])  # 2. [(1, V)]
                 for i, p, z in zip(group, props, logits, strict=True):
-                    feed = p.take(z)  # 3.
+                    try:
+                        feed = p.take(z)  # 3.
+                    except Exception as exc:
+                        failed[i] = exc
+                        continue
                     if feed is not None:
                         nxt[i] = feed
             feeds = nxt
-        return [p.end() for p, _, _ in asks]
+        out: list[Proposal | Exception] = []
+        for i, (p, _, _) in enumerate(asks):
+            if i in failed:
+                out.append(failed[i])
+                continue
+            try:
+                out.append(p.end())
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     def _forward(
         self, props: list[DraftModelProposer], feeds: list[list[int]]

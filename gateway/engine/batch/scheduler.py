@@ -257,8 +257,11 @@ class Batch:
             spent = time.perf_counter() - t0
             self.draft_forwards += db.forwards - before
             for row, proposal in zip(rows, got, strict=True):
-                proposals[id(row)] = proposal
                 row.times.draft_s += spent
+                if isinstance(proposal, Exception):
+                    events[id(row)].append(_failed(row, proposal))
+                else:
+                    proposals[id(row)] = proposal
         plans: list[tuple[Row, StepPlan]] = []
         for row, k in ks:
             if row.finished:

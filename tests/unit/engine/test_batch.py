@@ -260,3 +260,37 @@ def test_a_draft_slot_rolls_back_rejections_per_row(llama_lm, draft_lm) -> None:
         assert (b.token_ids, b.stats.drafted, b.stats.accepted) == (
             a.token_ids, a.stats.drafted, a.stats.accepted,
         )  # fmt: skip
+
+
+class _Exploding(TokenSequencesGrammar):
+    """A grammar whose third consume raises (a bug in one row's constraint)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+    def consume(self, token: int) -> None:
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("this row's grammar broke")
+        super().consume(token)
+
+
+def test_one_rows_failing_grammar_in_a_shared_draft_ends_only_that_row(llama_lm, draft_lm):
+    engine = Engine(llama_lm)
+    words = ["def add(a, b):", "return a + b", "for i in"]
+    seqs = [engine.tokenizer(w, add_special_tokens=False)["input_ids"] for w in words]
+    spec = {"mode": "speculative", "proposer": "draft", "k_min": 4, "k_max": 4}
+    ok = DecodeRequest(PROMPTS[0], greedy(16), **spec)
+    bad = DecodeRequest(PROMPTS[2], greedy(16), grammar=_Exploding(seqs, True), **spec)
+    batch = engine.batch(4)
+    good_row = batch.add(engine.prepare(ok, draft_lm))
+    bad_row = batch.add(engine.prepare(bad, draft_lm))
+    seen: dict[int, list] = {id(good_row): [], id(bad_row): []}
+    while batch.rows:
+        for row, events in batch.step():
+            seen[id(row)] += events
+    assert isinstance(seen[id(bad_row)][-1], RuntimeError)
+    last = seen[id(good_row)][-1]
+    assert isinstance(last, Finished)
+    assert last.result.token_ids == engine.run(ok, draft_lm).token_ids
