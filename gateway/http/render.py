@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway.engine import DecodeResult, TokenLogprob
 from gateway.serving.generation import Generation
+from gateway.serving.tool_output import Event, ParsedCall, ToolCallReader, read_calls
 
 
 def usage(gen: Generation, result: DecodeResult | None) -> dict[str, Any]:
@@ -58,8 +59,31 @@ def completion_logprobs(items: Sequence[TokenLogprob], start_offset: int) -> dic
     }
 
 
-def finish_reason(result: DecodeResult) -> str:
+def finish_reason(result: DecodeResult, calls: Sequence[ParsedCall] = ()) -> str:
+    if calls and all(c.complete for c in calls) and result.finish_reason == "stop":
+        return "tool_calls"
     return "length" if result.finish_reason == "length" else "stop"
+
+
+def call_id(gen: Generation, index: int) -> str:
+    return f"call_{gen.meta.request_id[:24]}_{index}"
+
+
+def _message(gen: Generation, result: DecodeResult) -> tuple[dict[str, Any], list[ParsedCall]]:
+    if not gen.calls_tools:
+        return {"role": "assistant", "content": result.text, "refusal": None}, []
+    content, calls = read_calls(result.text)
+    message: dict[str, Any] = {"role": "assistant", "content": content or None, "refusal": None}
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": call_id(gen, i),
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for i, c in enumerate(calls)
+        ]
+    return message, calls
 
 
 def response_id(gen: Generation) -> str:
@@ -70,11 +94,12 @@ def response_id(gen: Generation) -> str:
 def full_response(gen: Generation, result: DecodeResult) -> dict[str, Any]:
     created = int(time.time())
     if gen.command.endpoint == "chat.completions":
+        message, calls = _message(gen, result)
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": result.text, "refusal": None},
+            "message": message,
             "logprobs": chat_logprobs(result.logprobs) if gen.command.sampling.logprobs else None,
-            "finish_reason": finish_reason(result),
+            "finish_reason": finish_reason(result, calls),
         }
         obj = "chat.completion"
     else:
@@ -106,6 +131,8 @@ class ChunkWriter:
         self.chat = gen.command.endpoint == "chat.completions"
         self.created = int(time.time())
         self.offset = 0
+        self.reader = ToolCallReader() if gen.calls_tools else None
+        self.held: list[TokenLogprob] = []  # logprobs of text the reader still holds
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -123,6 +150,38 @@ class ChunkWriter:
             return None
         delta = {"role": "assistant", "content": ""}
         return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
+
+    def deltas(self, text: str, logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+        """The chunks of one engine delta: one, or with tools one per content / call /
+        arguments event (none while the reader holds back a possible tag)."""
+        if self.reader is None:
+            return [self.delta(text, logprobs)]
+        return self._events(self.reader.feed(text), logprobs)
+
+    def _events(
+        self, events: list[Event], logprobs: Sequence[TokenLogprob]
+    ) -> list[dict[str, Any]]:
+        self.held.extend(logprobs)
+        chunks = []
+        for event in events:
+            if event[0] == "content":
+                delta: dict[str, Any] = {"content": event[1]}
+            elif event[0] == "call":
+                index, name = event[1], event[2]
+                delta = {"tool_calls": [{
+                    "index": index, "id": call_id(self.gen, index), "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }]}  # fmt: skip
+            else:
+                delta = {"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]}
+            want = self.gen.command.sampling.logprobs and not chunks
+            lp = chat_logprobs(self.held) if want else None
+            chunks.append(
+                self._chunk([{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}])
+            )
+        if chunks:
+            self.held = []
+        return chunks
 
     def delta(self, text: str, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
         want = self.gen.command.sampling.logprobs
@@ -143,13 +202,18 @@ class ChunkWriter:
             self.offset += sum(len(lp.token) for lp in logprobs)
         return self._chunk([choice])
 
-    def last(self, result: DecodeResult) -> dict[str, Any]:
-        reason = finish_reason(result)
+    def last(self, result: DecodeResult) -> list[dict[str, Any]]:
+        """What the reader still held, then the chunk with the finish reason."""
+        chunks, calls = [], []
+        if self.reader is not None:
+            chunks = self._events(self.reader.finish(), ())
+            calls = self.reader.calls
+        reason = finish_reason(result, calls)
         if self.chat:
             choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
-        return self._chunk([choice])
+        return [*chunks, self._chunk([choice])]
 
     def usage(self, result: DecodeResult) -> dict[str, Any]:
         return self._chunk([], usage=usage(self.gen, result))

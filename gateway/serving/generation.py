@@ -28,6 +28,7 @@ from gateway.serving.prepare import Prepared, prepare
 from gateway.serving.ratelimit import Quota, RateLimiter, Ticket
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutTraffic
+from gateway.serving.tool_output import ParsedCall, check_calls, read_calls
 from gateway.serving.worker import InferenceWorker, Job, Overloaded
 from policies import Decision
 
@@ -67,6 +68,17 @@ class Generation:
     def draft_label(self) -> str | None:
         return f"{self.draft.entry.name}@{self.draft.entry.version}" if self.draft else None
 
+    @property
+    def calls_tools(self) -> bool:
+        """The output is read as tool calls (tools sent, tool_choice other than none)."""
+        return self.command.constraint == "tools"
+
+    def tool_calls(self) -> list[ParsedCall]:
+        """The calls the finished output made (none unless `calls_tools`)."""
+        if self.result is None or not self.calls_tools:
+            return []
+        return read_calls(self.result.text)[1]
+
     def headers(self) -> dict[str, str]:
         h = {
             "x-request-id": self.meta.request_id,
@@ -99,7 +111,10 @@ class Generation:
         if grammar is None or not grammar.is_complete():
             return
         try:
-            validate_output(result.text, self.prepared.schema)
+            if self.calls_tools and self.prepared.schema is not None:
+                check_calls(result.text, self.prepared.schema["tools"])
+            else:
+                validate_output(result.text, self.prepared.schema)
         except ConstraintError as exc:
             raise GatewayError(
                 "internal",
@@ -174,6 +189,7 @@ class GenerationService:
             draft=gen.draft.entry if gen.draft else None, prompt_text=gen.prepared.prompt_text,
             prompt_tokens=len(gen.prompt_ids), result=result, completion_text=completion,
             first_token_at=gen.first_token_at,
+            tool_names=tuple(c.name for c in gen.tool_calls()),
         )  # fmt: skip
         payload = None
         if gen.plan.retention_days > 0:

@@ -13,9 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 EOS = "<|endoftext|>"
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+    Path(__file__).parents[2] / "models_registry" / "demo" / "chat_template.jinja"
+).read_text()
+"""The demo models' ChatML template (with tool roles)."""
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
     "for i in range(10):\n    print(i)\n",
@@ -42,7 +42,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def _model(vocab: int, layers: int, seed: int) -> LlamaForCausalLM:
+def _model(vocab: int, layers: int, seed: int, context: int = CONTEXT) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab,
@@ -51,7 +51,7 @@ def _model(vocab: int, layers: int, seed: int) -> LlamaForCausalLM:
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=CONTEXT,
+        max_position_embeddings=context,
         bos_token_id=0,
         eos_token_id=0,
         pad_token_id=0,
@@ -63,17 +63,17 @@ def _sha(path: Path) -> str:
     return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
 
 
-def build(root: Path) -> Path:
+def build(root: Path, context: int = CONTEXT) -> Path:
     """Write target v1, drafts v1 (a copy of the target: always agrees) and v2 (random),
     and manifest.yaml under ``root``; return the manifest path."""
     tok = tokenizer()
     vocab = len(tok)
-    target = _model(vocab, layers=2, seed=1)
+    target = _model(vocab, layers=2, seed=1, context=context)
     entries = []
     for name, version, role, model in (
         ("tiny-target", "1", "target", target),
         ("tiny-draft", "1", "draft", target),
-        ("tiny-draft", "2", "draft", _model(vocab, layers=1, seed=2)),
+        ("tiny-draft", "2", "draft", _model(vocab, layers=1, seed=2, context=context)),
     ):
         path = root / f"{name}-v{version}"
         model.save_pretrained(path)
