@@ -101,8 +101,8 @@ class ToolCallReader:
         events: list[Event] = []
         if self.state == "text":
             self._content(self.buf, events)
-        elif self.state == "arguments":
-            self._arguments(self.buf, events)
+        elif self.state == "arguments" and not _END.startswith(self.buf):
+            self._arguments(self.buf, events)  # else cut inside the wrapper's closing
         self.buf = ""
         return events
 

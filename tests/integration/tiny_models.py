@@ -26,7 +26,8 @@ CORPUS = [
 CONTEXT = 256
 
 
-def tokenizer() -> PreTrainedTokenizerFast:
+def tokenizer(extra_tokens: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """The tiny BPE; ``extra_tokens`` are added as whole (non-special) tokens."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -38,6 +39,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
     )
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast.add_tokens(list(extra_tokens))
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -63,10 +65,10 @@ def _sha(path: Path) -> str:
     return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
 
 
-def build(root: Path, context: int = CONTEXT) -> Path:
+def build(root: Path, context: int = CONTEXT, extra_tokens: tuple[str, ...] = ()) -> Path:
     """Write target v1, drafts v1 (a copy of the target: always agrees) and v2 (random),
     and manifest.yaml under ``root``; return the manifest path."""
-    tok = tokenizer()
+    tok = tokenizer(extra_tokens)
     vocab = len(tok)
     target = _model(vocab, layers=2, seed=1, context=context)
     entries = []

@@ -37,7 +37,8 @@ from gateway.engine.constraints.json_schema import (
     compile_grammar_text,
 )
 
-OPEN: Final = "<tool_call>\n"
+TAG: Final = "<tool_call>"
+OPEN: Final = TAG + "\n"
 CLOSE: Final = "\n</tool_call>"
 SEPARATOR: Final = "\n"
 NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -69,25 +70,36 @@ def call_prefix(name: str) -> str:
     return '{"name":' + json.dumps(name) + ',"arguments":'
 
 
-def grammar_text(tools: Sequence[ToolSpec], mode: ToolMode, parallel: bool) -> str:
-    """The Lark grammar (llguidance's dialect) of the calls the model may emit."""
+def grammar_text(
+    tools: Sequence[ToolSpec], mode: ToolMode, parallel: bool, tag_token: bool = False
+) -> str:
+    """The Lark grammar (llguidance's dialect) of the calls the model may emit.
+
+    ``tag_token``: the tokenizer has the opening tag as one added token (Qwen2.5, Hermes),
+    which llguidance keeps apart from text: the grammar then names that token (``<tag>``),
+    since text bytes can never produce it (a literal would even mask it in and then refuse
+    it)."""
     if not tools:
         raise ToolError("tools must contain at least one function", None)
     options = {"x-guidance": dict(JSON_OPTIONS)}
     lines = ["%llguidance {}"]
     more = f" ({json.dumps(SEPARATOR)} call)*" if parallel else ""
+    opener = f'{TAG} "\\n"' if tag_token else json.dumps(OPEN)
     if mode == "required":
         lines.append(f"start: call{more}")
+    elif tag_token:
+        lines.append(f"start: TEXT | TEXT? {opener} call_body{more}")
     else:
         lines += [
             f"start: TEXT | head call_body{more}",
-            # the answer's text never holds the opening tag: writing it starts a call
-            "TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
             "head[lazy]: /(?s:.*)<tool_call>\\n/",  # lazy: up to the first opening tag
         ]
+    if mode == "auto":
+        # the answer's text never holds the opening tag: writing it starts a call
+        lines.append("TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/")
     names = " | ".join(f"fn_{i}" for i in range(len(tools)))
     lines += [
-        f"call: {json.dumps(OPEN)} call_body",
+        f"call: {opener} call_body",
         f"call_body: ({names}) {json.dumps(CLOSE)}",
     ]
     for i, tool in enumerate(tools):
@@ -128,7 +140,8 @@ def compile_tool_grammar(
     """Check the tools and compile their grammar (cached like JSON schemas). The compiled
     grammar's ``schema`` is ``{"tools": {name: parameters}}``, what its output must obey."""
     check_tools(tools)
-    text = grammar_text(tools, mode, parallel)
+    added = getattr(tokenizer, "get_added_vocab", dict)()
+    text = grammar_text(tools, mode, parallel, tag_token=TAG in added)
     digest = hashlib.sha256(text.encode()).hexdigest()
     schema = {"tools": {t.name: t.parameters for t in tools}}
     try:
@@ -143,6 +156,7 @@ __all__ = [
     "CLOSE",
     "OPEN",
     "SEPARATOR",
+    "TAG",
     "ToolError",
     "ToolMode",
     "ToolSpec",

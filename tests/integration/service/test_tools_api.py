@@ -43,9 +43,12 @@ USER = [{"role": "user", "content": "weather in Paris?"}]
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gw(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]:
-    """The tiny pair with a 2,048-token context: the template's tool list is long in a
-    320-token vocabulary."""
-    manifest = tiny_models.build(tmp_path_factory.mktemp("models"), context=2048)
+    """The tiny pair with a 2,048-token context (the template's tool list is long in a
+    320-token vocabulary) and the opening tag as one token, so a logit_bias can make the
+    model open a call."""
+    manifest = tiny_models.build(
+        tmp_path_factory.mktemp("models"), context=2048, extra_tokens=("<tool_call>",)
+    )
     async with sqlite_gateway(manifest, tmp_path_factory.mktemp("var")) as g:
         yield g
 
@@ -129,6 +132,24 @@ async def test_none_and_auto_without_a_call_answer_text(gw: Gateway) -> None:
         assert r.status_code == 200, r.text
         message = r.json()["choices"][0]["message"]
         assert "tool_calls" not in message and isinstance(message["content"], str)
+
+
+async def test_auto_constrains_a_call_the_model_opens(gw: Gateway) -> None:
+    """logit_bias makes the model write the opening tag first; from there the grammar forces
+    a call of a listed tool with valid arguments, then only more calls or the end."""
+    tok = await gw.client.post(
+        "/tokenize", json={"model": MODEL, "prompt": "<tool_call>"}, headers=gw.auth
+    )
+    (tag,) = tok.json()["tokens"]
+    r = await _chat(gw, tools=TOOLS[1:], logit_bias={str(tag): 100}, max_tokens=64)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    calls = _valid_calls(choice["message"])
+    assert calls[0]["function"]["name"] == "add"
+    assert choice["message"]["content"] is None
+    # the same bias without tools: the tag is plain text, nothing is parsed as a call
+    r = await _chat(gw, logit_bias={str(tag): 100}, max_tokens=4)
+    assert r.json()["choices"][0]["message"]["content"].startswith("<tool_call>")
 
 
 async def test_multi_turn_with_tool_results(gw: Gateway) -> None:
