@@ -23,9 +23,7 @@ def query_names(document: OpenAPI) -> dict[tuple[str, str], frozenset[str]]:
             op = getattr(item, method, None)
             if op is None:
                 continue
-            names = {
-                p.name for p in op.parameters or () if getattr(p, "param_in", None) == "query"
-            }
+            names = {p.name for p in op.parameters or () if getattr(p, "param_in", None) == "query"}
             out[(path, method.upper())] = frozenset(names)
     return out
 

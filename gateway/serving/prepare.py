@@ -15,6 +15,7 @@ from gateway.engine import Engine, Grammar
 from gateway.engine.constraints.json_schema import ConstraintError, compile_json_grammar
 from gateway.engine.constraints.tool_calls import (
     ToolError,
+    ToolMode,
     check_tools,
     compile_tool_grammar,
 )
@@ -101,7 +102,7 @@ async def _grammar(cmd: Generate, engine: Engine) -> tuple[Grammar | None, dict[
     uses no torch, so it runs in a helper thread, off the inference thread."""
     if cmd.tools is not None:
         t = cmd.tools
-        mode = "auto" if t.choice == "auto" else "required"
+        mode: ToolMode = "auto" if t.choice == "auto" else "required"
         parallel = t.parallel and t.choice != "named"  # a named choice is one call
         try:
             check_tools(t.specs)  # every tool, also those the choice leaves out

@@ -140,7 +140,7 @@ def compile_tool_grammar(
     """Check the tools and compile their grammar (cached like JSON schemas). The compiled
     grammar's ``schema`` is ``{"tools": {name: parameters}}``, what its output must obey."""
     check_tools(tools)
-    added = getattr(tokenizer, "get_added_vocab", dict)()
+    added: dict[str, int] = getattr(tokenizer, "get_added_vocab", dict)()
     text = grammar_text(tools, mode, parallel, tag_token=TAG in added)
     digest = hashlib.sha256(text.encode()).hexdigest()
     schema = {"tools": {t.name: t.parameters for t in tools}}

@@ -184,16 +184,18 @@ async def test_speculative_equals_standard_for_a_greedy_call(gw: Gateway) -> Non
 BAD_SCHEMA = {"type": "object", "properties": {"x": {"type": "strin"}}}
 
 
+def _fn(**function: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": "f", **function}}
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"tools": [TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": BAD_SCHEMA}}]},
-         "tools[1].function.parameters"),
+        ({"tools": [TOOLS[0], _fn(parameters=BAD_SCHEMA)]}, "tools[1].function.parameters"),
         ({"tools": [TOOLS[0], TOOLS[0]]}, "tools[1].function.name"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
          "tool_choice"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
-         "tools[0].function.parameters"),
+        ({"tools": [_fn(parameters={"type": "string"})]}, "tools[0].function.parameters"),
         ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
          "tools[0].function.name"),
         ({"tools": []}, "tools"),
