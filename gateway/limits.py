@@ -39,3 +39,6 @@ MAX_TOOL_CALLS: Final = 128
 """Most `tool_calls` in one assistant message of a conversation."""
 MAX_USER_CHARS: Final = 256
 """Longest `user` (end-user id); the audit record keeps its SHA-256 only."""
+MAX_CHOICES: Final = 8
+"""Largest `n`: each choice is one row of the target's batch (GATEWAY_MAX_BATCH, 8 by
+default, rows share every forward; more rows wait in the queue)."""

@@ -126,8 +126,6 @@ def _tools(body: ChatCompletionRequest) -> Tools | None:
 def _common(
     body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None
 ) -> dict[str, Any]:
-    if body.n not in (None, 1):
-        raise invalid("n > 1 is not supported: this gateway returns one choice per request", "n")
     # Ranges, lengths and counts are the structs' constraints (schemas.py), enforced when
     # the body is decoded; what is left here are the rules OpenAI's parameters carry.
     temperature = 1.0 if body.temperature is None else body.temperature
@@ -187,6 +185,7 @@ def _common(
         "stream": bool(body.stream),
         "include_usage": bool(stream_options and stream_options.include_usage),
         "user": body.user,
+        "n": body.n or 1,
     }
 
 

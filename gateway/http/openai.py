@@ -55,7 +55,7 @@ async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]
     if cmd.stream:
         return Stream(_stream(gen), media_type="text/event-stream", headers=headers)
     try:
-        result = await gen.collect()
+        results = await gen.collect()
     except GatewayError as err:
         gen.cancel()
         await _finish_or_error(gen, STATUS[err.kind], err)
@@ -63,7 +63,7 @@ async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]
     audit_error = await _finish_or_error(gen, 200, None)
     if audit_error is not None:
         return error_response(audit_error, headers)
-    return Response(full_response(gen, result), headers=headers)
+    return Response(full_response(gen, results), headers=headers)
 
 
 async def _finish_or_error(
@@ -84,14 +84,13 @@ async def _stream(gen: Generation) -> AsyncIterator[bytes]:
     writer = ChunkWriter(gen)
     completed = False
     try:
-        first = writer.first()
-        if first is not None:
-            yield _sse(first)
-        async for delta in gen.deltas():
-            for chunk in writer.deltas(delta.text, delta.logprobs):
+        for chunk in writer.first():
+            yield _sse(chunk)
+        async for index, delta in gen.deltas():
+            for chunk in writer.deltas(index, delta.text, delta.logprobs):
                 yield _sse(chunk)
         assert gen.result is not None
-        for chunk in writer.last(gen.result):
+        for chunk in writer.last():
             yield _sse(chunk)
         audit_error = await _finish_or_error(gen, 200, None)
         completed = True

@@ -19,6 +19,7 @@ from gateway.limits import (
     INT32_MAX,
     INT64_MAX,
     INT64_MIN,
+    MAX_CHOICES,
     MAX_K,
     MAX_MESSAGES,
     MAX_PREDICTION_CHARS,
@@ -177,8 +178,9 @@ class _Common(msgspec.Struct, **STRICT):
         Annotated[
             int,
             Meta(
-                description="Choices per request: this gateway returns one.",
-                extra_json_schema={"minimum": 1, "maximum": 1},
+                ge=1,
+                le=MAX_CHOICES,
+                description="Choices per request, each decoded as its own batch row.",
             ),
         ]
         | None

@@ -91,6 +91,8 @@ class Generate:
     stream: bool = False
     include_usage: bool = False
     tools: Tools | None = None
+    n: int = 1
+    """Choices: each one decode row of its own."""
     user: str | None = None
     """The client's end-user id (OpenAI's ``user``)."""
     extra: dict[str, Any] = field(default_factory=dict)

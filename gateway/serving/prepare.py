@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.engine import Engine, Grammar
-from gateway.engine.constraints.json_schema import ConstraintError, compile_json_grammar
+from gateway.engine.constraints.json_schema import (
+    CompiledGrammar,
+    ConstraintError,
+    compile_json_grammar,
+)
 from gateway.engine.constraints.tool_calls import (
     ToolError,
     ToolMode,
@@ -40,6 +44,8 @@ class Prepared:
     grammar: Grammar | None
     schema: dict[str, Any] | None
     features: RequestFeatures
+    compiled: CompiledGrammar | None = None
+    """What ``grammar`` was made from: each further choice (n > 1) gets its own."""
 
 
 async def prepare(pool: ModelPool, cmd: Generate) -> Prepared:
@@ -70,10 +76,11 @@ async def prepare(pool: ModelPool, cmd: Generate) -> Prepared:
     for token_id, _ in cmd.sampling.logit_bias:
         if not 0 <= token_id < vocab:
             raise invalid(f"logit_bias token id {token_id} is not in [0, {vocab})", "logit_bias")
-    grammar, schema = await _grammar(cmd, engine)
+    compiled, schema = await _grammar(cmd, engine)
     return Prepared(
-        entry, engine, prompt_text, prompt_ids, max_tokens, grammar, schema,
-        features(cmd, len(prompt_ids), max_tokens),
+        entry, engine, prompt_text, prompt_ids, max_tokens,
+        compiled.new() if compiled else None, schema,
+        features(cmd, len(prompt_ids), max_tokens), compiled,
     )  # fmt: skip
 
 
@@ -96,7 +103,9 @@ def features(cmd: Generate, prompt_tokens: int, max_tokens: int) -> RequestFeatu
     )
 
 
-async def _grammar(cmd: Generate, engine: Engine) -> tuple[Grammar | None, dict[str, Any] | None]:
+async def _grammar(
+    cmd: Generate, engine: Engine
+) -> tuple[CompiledGrammar | None, dict[str, Any] | None]:
     """response_format or tools -> a fresh per-request grammar (compiled grammars are cached
     per schema hash); a bad schema or an unenforceable keyword is a 400 naming it. Compiling
     uses no torch, so it runs in a helper thread, off the inference thread."""
@@ -115,7 +124,7 @@ async def _grammar(cmd: Generate, engine: Engine) -> tuple[Grammar | None, dict[
         except ToolError as exc:
             where = "tools" if exc.index is None else f"tools[{exc.index}].function.{exc.field}"
             raise invalid(str(exc), where) from None
-        return compiled.new(), compiled.schema
+        return compiled, compiled.schema
     rf = cmd.response_format
     if rf is None:
         return None, None
@@ -126,7 +135,7 @@ async def _grammar(cmd: Generate, engine: Engine) -> tuple[Grammar | None, dict[
         )
     except ConstraintError as exc:
         raise invalid(str(exc), "response_format") from None
-    return compiled.new(), schema
+    return compiled, schema
 
 
 def tokenize(tokenizer: Any, cmd: Generate) -> tuple[str, tuple[int, ...]]:

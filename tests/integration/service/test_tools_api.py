@@ -106,7 +106,7 @@ async def test_stream_deltas_rebuild_the_full_response(gw: Gateway) -> None:
     assert r.status_code == 200, r.text
     calls: dict[int, dict[str, Any]] = {}
     reason = None
-    for line in r.text.splitlines():
+    for line in r.text.split("\n"):
         if not line.startswith("data: {"):
             continue
         choice = json.loads(line[6:])["choices"][0]
