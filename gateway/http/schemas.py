@@ -4,7 +4,7 @@ that every malformed body becomes a 400 in OpenAI's error shape naming the param
 The constraints are msgspec ``Meta`` on the fields: the decoder enforces them and
 /schema/openapi.json publishes the same ones (`gateway.http.contract` documents these
 structs with msgspec's own JSON schema), so the document and the gateway cannot disagree.
-A rule the serving layer words itself (``n``, the penalties, ``echo``) is documented with
+A rule the serving layer words itself (the penalties, ``echo``) is documented with
 ``extra_json_schema`` and checked in `convert`."""
 
 from __future__ import annotations
