@@ -234,3 +234,9 @@ async def test_every_endpoint_refuses_unknown_arguments(gw: Gateway) -> None:
     assert _error(r)["param"] == "add_special"
     r = await gw.client.get("/audit/records", params={"tenannt": "a"}, headers=ADMIN)
     assert _error(r)["param"] == "tenannt"
+    r = await gw.client.get("/v1/models", params={"limit": "2"}, headers=gw.auth)
+    assert _error(r)["param"] == "limit"
+    r = await gw.client.post(
+        "/admin/policies/resolve", json={"tenant": gw.tenant, "dry": True}, headers=ADMIN
+    )
+    assert _error(r)["param"] == "dry"
