@@ -17,6 +17,9 @@ Goal: constrained / unconstrained tokens/s >= 0.85 in both modes. With the rando
 the speculative ratio means little: unconstrained, the random draft is never accepted, while
 constrained, p and q share the grammar mask and forced tokens (quotes, keys) are accepted.
 
+Tool calls: forced calls (tool_choice "required") standard vs speculative and the
+grammar's share of a target step, in `benchmarks/constraints_tools.py`.
+
 Mask time: every call the loop makes to the grammar is timed at the Grammar protocol
 boundary (allowed_mask, including cache hits and the bool unpacking; consume; rollback;
 is_complete). Reported: allowed_mask mean / p99 per call, llguidance mask computations
@@ -32,6 +35,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.constraints_tools import run_tools
 from gateway.engine import DecodeRequest, DecodeResult, Engine, LoadedModel, SamplingParams
 from gateway.engine.constraints.json_schema import (
     ConstraintError,
@@ -219,6 +223,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
                 (sum(mask_calls) + sum(other_calls)) / max(emitted, 1) * 1e6, 1
             ),
         },
+        "tool_calls": run_tools(target, draft, TimedGrammar, runs, quick),
         "goals": {
             "constrained_over_unconstrained": ratio,
             "met": all(v >= 0.85 for v in ratio.values()),

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
 
-from gateway.http import admin, audit, contract, openai, ops
+from gateway.http import admin, audit, contract, openai, ops, strict
 from gateway.http.errors import EXCEPTION_HANDLERS
 from gateway.http.logging import configure, log_request
 from gateway.http.metrics import Metrics
@@ -36,9 +36,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
         route_handlers=[*openai.ROUTES, *admin.ROUTES, *audit.ROUTES, *ops.ROUTES],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
+        before_request=strict.strict_query,
         openapi_config=OpenAPIConfig(
             title="Speculative LLM gateway", version="0.1.0", path="/schema"
         ),
     )
     contract.document(app.openapi_schema)
+    app.state.query_names = strict.query_names(app.openapi_schema)
     return app

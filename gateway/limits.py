@@ -33,3 +33,12 @@ INT32_MAX: Final = 2**31 - 1
 """Largest value of a 32-bit audit column (top_k is stored as one)."""
 MAX_TENANT_NAME: Final = 256
 """Longest tenant display name (its database column)."""
+MAX_TOOLS: Final = 128
+"""Most functions in one chat request's `tools` (OpenAI's 128)."""
+MAX_TOOL_CALLS: Final = 128
+"""Most `tool_calls` in one assistant message of a conversation."""
+MAX_USER_CHARS: Final = 256
+"""Longest `user` (end-user id); the audit record keeps its SHA-256 only."""
+MAX_CHOICES: Final = 8
+"""Largest `n`: each choice is one row of the target's batch (GATEWAY_MAX_BATCH, 8 by
+default, rows share every forward; more rows wait in the queue)."""

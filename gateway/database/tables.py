@@ -109,6 +109,7 @@ class AuditRecordRow(Base):
         Index("ix_audit_records_created_at", "created_at"),
         Index("ix_audit_records_decision_id", "decision_id"),
         Index("ix_audit_records_request_id", "request_id"),
+        Index("ix_audit_records_user_sha256", "user_sha256"),
         {"sqlite_autoincrement": True},
     )
 
@@ -169,7 +170,7 @@ class AuditRecordRow(Base):
     seed: Mapped[int | None] = mapped_column(BigInteger)
     """Client seed."""
     constraint: Mapped[str | None] = mapped_column(String(16))
-    """none | json_object | json_schema | logit_bias."""
+    """none | json_object | json_schema | tools | logit_bias."""
     constraint_sha256: Mapped[str | None] = mapped_column(String(64))
     """Digest of the constraint spec (schema / bias map)."""
     prompt_tokens: Mapped[int] = mapped_column(Integer)
@@ -184,6 +185,13 @@ class AuditRecordRow(Base):
     """SHA-256 of the prompt text (links the purgeable payload to the chain)."""
     completion_sha256: Mapped[str | None] = mapped_column(String(64))
     """SHA-256 of the completion text."""
+    user_sha256: Mapped[str | None] = mapped_column(String(64))
+    """SHA-256 of the request's ``user`` (end-user id); the plain value is never stored, so
+    attribution outlives payload retention without keeping personal data (revision 0002)."""
+    tool_calls: Mapped[int | None] = mapped_column(Integer)
+    """Tool calls the response made (null: the request sent no callable tools)."""
+    tool_names: Mapped[list[str] | None] = mapped_column(JSON)
+    """Names of the functions called, in call order (never their arguments)."""
     prev_hash: Mapped[str] = mapped_column(String(64))
     """record_hash of the previous record (64 zeros for the first)."""
     record_hash: Mapped[str] = mapped_column(String(64), unique=True)

@@ -87,7 +87,7 @@ class RequestFeatures(msgspec.Struct, kw_only=True):
         Meta(description="OpenAI `prediction` (or true) when the request carries one."),
     ] = UNSET
     constraint: Annotated[
-        Literal["none", "json_object", "json_schema", "logit_bias"] | UnsetType,
+        Literal["none", "json_object", "json_schema", "tools", "logit_bias"] | UnsetType,
         Meta(description="The output constraint (default 'none')."),
     ] = UNSET
     prompt_tokens: Annotated[int | UnsetType, Meta(description="Default 0.")] = UNSET
@@ -96,7 +96,7 @@ class RequestFeatures(msgspec.Struct, kw_only=True):
     ] = UNSET
 
 
-class PolicyResolve(msgspec.Struct, kw_only=True):
+class PolicyResolve(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Dry run: the decision a request of ``tenant`` with these features would get."""
 
     tenant: Annotated[str, Meta(description="The tenant whose policy decides.")]

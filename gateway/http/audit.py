@@ -12,7 +12,7 @@ from litestar.di import Provide
 from litestar.params import Parameter
 from litestar.response import Stream
 
-from gateway.database import RecordFilter
+from gateway.database import RecordFilter, sha256_text
 from gateway.database.audit.queries import decode_cursor
 from gateway.http.audit_query import (
     MAX_PAGE,
@@ -77,6 +77,7 @@ def _filter(q: FilterQuery, who: Principal) -> RecordFilter:
         draft_version=q.draft_version,
         status=int(status) if status else None,
         decision_id=q.decision_id,
+        user_sha256=sha256_text(q.user) if q.user is not None else None,
     )
 
 

@@ -64,6 +64,7 @@ class FilterQuery(msgspec.Struct, frozen=True, kw_only=True):
     draft_version: str | None
     status: str | None
     decision_id: str | None
+    user: str | None
 
 
 def filter_query(
@@ -89,6 +90,10 @@ def filter_query(
         ),
     ] = None,
     decision_id: Annotated[str | None, _query("The policy decision's id.")] = None,
+    user: Annotated[
+        str | None,
+        _query("The request's end-user id (OpenAI's user); matched through its SHA-256."),
+    ] = None,
 ) -> FilterQuery:
     """Dependency: the filters of /audit/records, /audit/export and /audit/summary."""
     return FilterQuery(
@@ -102,4 +107,5 @@ def filter_query(
         draft_version=draft_version,
         status=status,
         decision_id=decision_id,
+        user=user,
     )

@@ -27,6 +27,7 @@ from litestar.typing import FieldDefinition
 
 from gateway.http.contract import body_reference
 from gateway.http.schemas import BodyError, decode
+from gateway.http.strict import strict_query
 from gateway.serving.errors import invalid
 
 if TYPE_CHECKING:
@@ -87,7 +88,9 @@ def sent(body: msgspec.Struct) -> dict[str, Any]:
 
 async def require_body(request: Request[Any, Any, Any]) -> None:
     """before_request hook: an empty body is refused like any bad body (Litestar would skip
-    the DTO and report a missing ``data`` parameter instead)."""
+    the DTO and report a missing ``data`` parameter instead); query strings are checked as
+    everywhere (`strict.strict_query`: a router's hook replaces the app's)."""
+    await strict_query(request)
     if request.route_handler.parsed_data_field is not None and not await request.body():
         decode_body(b"", dict)
 

@@ -3,6 +3,7 @@ the parameter), and quotas -> x-ratelimit-* headers."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -12,9 +13,10 @@ from gateway.http.schemas import (
     CompletionRequest,
     ContentPart,
     Message,
+    NamedToolChoice,
     TokenizeRequest,
 )
-from gateway.serving.commands import DecodingOverride, Generate, SamplingParams
+from gateway.serving.commands import DecodingOverride, Generate, SamplingParams, Tools, ToolSpec
 from gateway.serving.errors import invalid
 from gateway.serving.ratelimit import Quota
 
@@ -34,23 +36,96 @@ def _text(content: str | list[ContentPart] | None, param: str) -> str:
     return "".join(parts)
 
 
-def _messages(messages: list[Message]) -> tuple[dict[str, str], ...]:
+def _arguments(text: str, param: str) -> dict[str, Any]:
+    """A call's arguments as the object the chat template renders."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid(f"the arguments are not valid JSON: {exc}", param) from None
+    if not isinstance(value, dict):
+        raise invalid("the arguments must be a JSON object", param)
+    return value
+
+
+def _messages(messages: list[Message]) -> tuple[dict[str, Any], ...]:
+    """OpenAI messages -> the chat template's, with OpenAI's rules for tool messages: only
+    an assistant message carries tool_calls, and each tool message answers a call of the
+    assistant message before it (by tool_call_id)."""
     if not messages:
         raise invalid("messages must contain at least one message", "messages")
-    out = []
+    out: list[dict[str, Any]] = []
+    open_calls: set[str] = set()
     for i, m in enumerate(messages):
+        at = f"messages[{i}]"
         if m.role not in ROLES:
-            raise invalid(f"unknown role '{m.role}'", f"messages[{i}].role")
+            raise invalid(f"unknown role '{m.role}'", f"{at}.role")
         role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": _text(m.content, f"messages[{i}].content")})
+        message: dict[str, Any] = {"role": role, "content": _text(m.content, f"{at}.content")}
+        if m.tool_calls is not None and role != "assistant":
+            raise invalid("only assistant messages carry tool_calls", f"{at}.tool_calls")
+        if (m.tool_call_id is not None) != (role == "tool"):
+            raise invalid("a tool message needs tool_call_id (and only it)", f"{at}.tool_call_id")
+        if role == "tool":
+            if m.tool_call_id not in open_calls:
+                raise invalid(
+                    "a tool message must answer a tool call of the assistant message before it",
+                    f"{at}.tool_call_id",
+                )
+            open_calls.discard(m.tool_call_id)  # type: ignore[arg-type]
+            message["tool_call_id"] = m.tool_call_id
+        else:
+            open_calls = set()
+        if m.tool_calls:
+            open_calls = {c.id for c in m.tool_calls}
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.function.name,
+                        "arguments": _arguments(
+                            c.function.arguments, f"{at}.tool_calls[{j}].function.arguments"
+                        ),
+                    },
+                }
+                for j, c in enumerate(m.tool_calls)
+            ]
+        out.append(message)
     return tuple(out)
+
+
+def _tools(body: ChatCompletionRequest) -> Tools | None:
+    """tools, tool_choice, parallel_tool_calls -> Tools, with OpenAI's rules between them
+    (the schemas themselves are checked when the grammar is built)."""
+    if body.tools is None:
+        for name in ("tool_choice", "parallel_tool_calls"):
+            if getattr(body, name) is not None:
+                raise invalid(f"{name} is only allowed when tools are specified", name)
+        return None
+    if body.response_format is not None and body.response_format.type != "text":
+        raise invalid("response_format cannot be combined with tools", "response_format")
+    specs, definitions = [], []
+    for t in body.tools:
+        f = t.function
+        parameters = f.parameters if f.parameters is not None else {"type": "object"}
+        specs.append(ToolSpec(f.name, parameters))
+        function: dict[str, Any] = {"name": f.name, "parameters": parameters}
+        if f.description is not None:
+            function["description"] = f.description
+        definitions.append({"type": "function", "function": function})
+    choice, named = body.tool_choice or "auto", None
+    if isinstance(choice, NamedToolChoice):
+        named = choice.function.name
+        if named not in {s.name for s in specs}:
+            raise invalid(f"tool_choice names '{named}', which is not in tools", "tool_choice")
+        choice = "named"
+    parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
+    return Tools(tuple(specs), tuple(definitions), choice, named, parallel)
 
 
 def _common(
     body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None
 ) -> dict[str, Any]:
-    if body.n not in (None, 1):
-        raise invalid("n > 1 is not supported: this gateway returns one choice per request", "n")
     # Ranges, lengths and counts are the structs' constraints (schemas.py), enforced when
     # the body is decoded; what is left here are the rules OpenAI's parameters carry.
     temperature = 1.0 if body.temperature is None else body.temperature
@@ -109,6 +184,8 @@ def _common(
         "decoding": decoding,
         "stream": bool(body.stream),
         "include_usage": bool(stream_options and stream_options.include_usage),
+        "user": body.user,
+        "n": body.n or 1,
     }
 
 
@@ -120,7 +197,7 @@ def to_command(body: ChatCompletionRequest | CompletionRequest) -> Generate:
             raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
         return _with_logprobs(
             Generate(endpoint="chat.completions", messages=_messages(body.messages),
-                     **_common(body, max_tokens)),
+                     tools=_tools(body), **_common(body, max_tokens)),
             bool(body.logprobs),
             top,
         )  # fmt: skip

@@ -12,16 +12,10 @@ from litestar import Request, Response, get, post
 from litestar.response import Stream
 
 from gateway.http import convert
-from gateway.http.bodies import DeferredBody
+from gateway.http.bodies import DeferredBody, decode_body
 from gateway.http.errors import STATUS, error_body, error_response
 from gateway.http.render import ChunkWriter, full_response
-from gateway.http.schemas import (
-    BodyError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    TokenizeRequest,
-    decode,
-)
+from gateway.http.schemas import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from gateway.serving import Services
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.errors import GatewayError, invalid
@@ -50,10 +44,7 @@ async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]
     cmd: Generate | None = None
     try:
         principal = await svc.auth.principal(request.headers.get("authorization"))
-        try:
-            body = decode(await request.body(), kind)
-        except BodyError as exc:
-            raise invalid(exc.message, exc.param) from None
+        body = decode_body(await request.body(), kind)
         cmd = convert.to_command(body)
         gen = await svc.generation.start(principal, meta, cmd)
     except Exception as exc:  # every refusal is audited, unexpected ones too
@@ -64,7 +55,7 @@ async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]
     if cmd.stream:
         return Stream(_stream(gen), media_type="text/event-stream", headers=headers)
     try:
-        result = await gen.collect()
+        results = await gen.collect()
     except GatewayError as err:
         gen.cancel()
         await _finish_or_error(gen, STATUS[err.kind], err)
@@ -72,7 +63,7 @@ async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]
     audit_error = await _finish_or_error(gen, 200, None)
     if audit_error is not None:
         return error_response(audit_error, headers)
-    return Response(full_response(gen, result), headers=headers)
+    return Response(full_response(gen, results), headers=headers)
 
 
 async def _finish_or_error(
@@ -93,13 +84,14 @@ async def _stream(gen: Generation) -> AsyncIterator[bytes]:
     writer = ChunkWriter(gen)
     completed = False
     try:
-        first = writer.first()
-        if first is not None:
-            yield _sse(first)
-        async for delta in gen.deltas():
-            yield _sse(writer.delta(delta.text, delta.logprobs))
+        for chunk in writer.first():
+            yield _sse(chunk)
+        async for index, delta in gen.deltas():
+            for chunk in writer.deltas(index, delta.text, delta.logprobs):
+                yield _sse(chunk)
         assert gen.result is not None
-        yield _sse(writer.last(gen.result))
+        for chunk in writer.last():
+            yield _sse(chunk)
         audit_error = await _finish_or_error(gen, 200, None)
         completed = True
         if audit_error is not None:
@@ -165,10 +157,7 @@ async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def tokenize(request: Request[Any, Any, Any], data: bytes = b"") -> dict[str, Any]:
     svc = services(request)
     await svc.auth.principal(request.headers.get("authorization"))
-    try:
-        body = decode(data, TokenizeRequest)
-    except BodyError as exc:
-        raise invalid(exc.message, exc.param) from None
+    body = decode_body(data, TokenizeRequest)
     if (body.prompt is None) == (body.messages is None):
         raise invalid("send exactly one of prompt or messages", "prompt")
     _, engine = await svc.pool.target(body.model)

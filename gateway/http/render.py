@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway.engine import DecodeResult, TokenLogprob
 from gateway.serving.generation import Generation
+from gateway.serving.tool_output import Event, ParsedCall, ToolCallReader, read_calls
 
 
 def usage(gen: Generation, result: DecodeResult | None) -> dict[str, Any]:
@@ -58,8 +59,34 @@ def completion_logprobs(items: Sequence[TokenLogprob], start_offset: int) -> dic
     }
 
 
-def finish_reason(result: DecodeResult) -> str:
+def finish_reason(result: DecodeResult, calls: Sequence[ParsedCall] = ()) -> str:
+    if calls and all(c.complete for c in calls) and result.finish_reason == "stop":
+        return "tool_calls"
     return "length" if result.finish_reason == "length" else "stop"
+
+
+def call_id(gen: Generation, index: int, choice: int = 0) -> str:
+    where = f"{choice}_{index}" if choice else str(index)
+    return f"call_{gen.meta.request_id[:24]}_{where}"
+
+
+def _message(
+    gen: Generation, result: DecodeResult, index: int
+) -> tuple[dict[str, Any], list[ParsedCall]]:
+    if not gen.calls_tools:
+        return {"role": "assistant", "content": result.text, "refusal": None}, []
+    content, calls = read_calls(result.text)
+    message: dict[str, Any] = {"role": "assistant", "content": content or None, "refusal": None}
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": call_id(gen, i, index),
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for i, c in enumerate(calls)
+        ]
+    return message, calls
 
 
 def response_id(gen: Generation) -> str:
@@ -67,45 +94,49 @@ def response_id(gen: Generation) -> str:
     return f"{prefix}-{gen.meta.request_id}"
 
 
-def full_response(gen: Generation, result: DecodeResult) -> dict[str, Any]:
-    created = int(time.time())
+def _choice(gen: Generation, index: int, result: DecodeResult) -> dict[str, Any]:
+    logprobs = gen.command.sampling.logprobs
     if gen.command.endpoint == "chat.completions":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": result.text, "refusal": None},
-            "logprobs": chat_logprobs(result.logprobs) if gen.command.sampling.logprobs else None,
-            "finish_reason": finish_reason(result),
+        message, calls = _message(gen, result, index)
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": chat_logprobs(result.logprobs) if logprobs else None,
+            "finish_reason": finish_reason(result, calls),
         }
-        obj = "chat.completion"
-    else:
-        choice = {
-            "index": 0,
-            "text": result.text,
-            "logprobs": completion_logprobs(result.logprobs, 0)
-            if gen.command.sampling.logprobs
-            else None,
-            "finish_reason": finish_reason(result),
-        }
-        obj = "text_completion"
+    return {
+        "index": index,
+        "text": result.text,
+        "logprobs": completion_logprobs(result.logprobs, 0) if logprobs else None,
+        "finish_reason": finish_reason(result),
+    }
+
+
+def full_response(gen: Generation, results: Sequence[DecodeResult]) -> dict[str, Any]:
+    chat = gen.command.endpoint == "chat.completions"
     return {
         "id": response_id(gen),
-        "object": obj,
-        "created": created,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
         "model": gen.command.model,
-        "choices": [choice],
-        "usage": usage(gen, result),
+        "choices": [_choice(gen, i, r) for i, r in enumerate(results)],
+        "usage": usage(gen, gen.result),
         "system_fingerprint": gen.decision.policy_revision,
     }
 
 
 class ChunkWriter:
-    """Builds the stream chunks of one response (chat or legacy completions)."""
+    """Builds the stream chunks of one response (chat or legacy completions), each choice
+    with its own offsets, tool-call reader and held-back logprobs."""
 
     def __init__(self, gen: Generation) -> None:
         self.gen = gen
         self.chat = gen.command.endpoint == "chat.completions"
         self.created = int(time.time())
-        self.offset = 0
+        n = len(gen.choices)
+        self.offset = [0] * n
+        self.readers = [ToolCallReader() for _ in range(n)] if gen.calls_tools else None
+        self.held: list[list[TokenLogprob]] = [[] for _ in range(n)]
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -118,38 +149,83 @@ class ChunkWriter:
             **extra,
         }
 
-    def first(self) -> dict[str, Any] | None:
+    def first(self) -> list[dict[str, Any]]:
         if not self.chat:
-            return None
+            return []
         delta = {"role": "assistant", "content": ""}
-        return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
+        return [
+            self._chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+            for i in range(len(self.gen.choices))
+        ]
 
-    def delta(self, text: str, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+    def deltas(
+        self, index: int, text: str, logprobs: Sequence[TokenLogprob]
+    ) -> list[dict[str, Any]]:
+        """The chunks of one engine delta: one, or with tools one per content / call /
+        arguments event (none while the reader holds back a possible tag)."""
+        if self.readers is None:
+            return [self.delta(index, text, logprobs)]
+        return self._events(index, self.readers[index].feed(text), logprobs)
+
+    def _events(
+        self, index: int, events: list[Event], logprobs: Sequence[TokenLogprob]
+    ) -> list[dict[str, Any]]:
+        self.held[index].extend(logprobs)
+        chunks = []
+        for event in events:
+            if event[0] == "content":
+                delta: dict[str, Any] = {"content": event[1]}
+            elif event[0] == "call":
+                i, name = event[1], event[2]
+                delta = {"tool_calls": [{
+                    "index": i, "id": call_id(self.gen, i, index), "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }]}  # fmt: skip
+            else:
+                delta = {"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]}
+            want = self.gen.command.sampling.logprobs and not chunks
+            lp = chat_logprobs(self.held[index]) if want else None
+            choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": None}
+            chunks.append(self._chunk([choice]))
+        if chunks:
+            self.held[index] = []
+        return chunks
+
+    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
         want = self.gen.command.sampling.logprobs
         if self.chat:
             choice: dict[str, Any] = {
-                "index": 0,
+                "index": index,
                 "delta": {"content": text},
                 "logprobs": chat_logprobs(logprobs) if want else None,
                 "finish_reason": None,
             }
         else:
             choice = {
-                "index": 0,
+                "index": index,
                 "text": text,
-                "logprobs": completion_logprobs(logprobs, self.offset) if want else None,
+                "logprobs": completion_logprobs(logprobs, self.offset[index]) if want else None,
                 "finish_reason": None,
             }
-            self.offset += sum(len(lp.token) for lp in logprobs)
+            self.offset[index] += sum(len(lp.token) for lp in logprobs)
         return self._chunk([choice])
 
-    def last(self, result: DecodeResult) -> dict[str, Any]:
-        reason = finish_reason(result)
-        if self.chat:
-            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
-        return self._chunk([choice])
+    def last(self) -> list[dict[str, Any]]:
+        """Per choice: what its reader still held, then its chunk with the finish reason."""
+        chunks: list[dict[str, Any]] = []
+        for index, c in enumerate(self.gen.choices):
+            assert c.result is not None
+            calls: list[ParsedCall] = []
+            if self.readers is not None:
+                chunks += self._events(index, self.readers[index].finish(), ())
+                calls = self.readers[index].calls
+            reason = finish_reason(c.result, calls)
+            if self.chat:
+                choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
+            else:
+                choice = {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
+            chunks.append(self._chunk([choice]))
+        return chunks
 
     def usage(self, result: DecodeResult) -> dict[str, Any]:
         return self._chunk([], usage=usage(self.gen, result))

@@ -4,7 +4,7 @@ that every malformed body becomes a 400 in OpenAI's error shape naming the param
 The constraints are msgspec ``Meta`` on the fields: the decoder enforces them and
 /schema/openapi.json publishes the same ones (`gateway.http.contract` documents these
 structs with msgspec's own JSON schema), so the document and the gateway cannot disagree.
-A rule the serving layer words itself (``n``, the penalties, ``echo``) is documented with
+A rule the serving layer words itself (the penalties, ``echo``) is documented with
 ``extra_json_schema`` and checked in `convert`."""
 
 from __future__ import annotations
@@ -19,13 +19,17 @@ from gateway.limits import (
     INT32_MAX,
     INT64_MAX,
     INT64_MIN,
+    MAX_CHOICES,
     MAX_K,
     MAX_MESSAGES,
     MAX_PREDICTION_CHARS,
     MAX_STOP,
     MAX_TENANT_NAME,
     MAX_TEXT_CHARS,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
     MAX_TOP_LOGPROBS,
+    MAX_USER_CHARS,
 )
 from gateway.serving.admin import TENANT_ID
 
@@ -36,18 +40,41 @@ TokenId = Annotated[str, Meta(pattern=r"^-?[0-9]{1,18}$", description="A token i
 Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
 ROLES = ("system", "developer", "user", "assistant", "tool")
 """Message roles served (developer is read as system)."""
+STRICT = {"kw_only": True, "forbid_unknown_fields": True}
+"""Every request struct: an argument the gateway does not implement is a 400 naming it."""
 ONLY_ZERO = Meta(
     description="Not supported (it would change the target distribution): only 0.",
     extra_json_schema={"minimum": 0, "maximum": 0},
 )
 
 
-class ContentPart(msgspec.Struct, kw_only=True):
+class ContentPart(msgspec.Struct, **STRICT):
     type: Annotated[str, Meta(description="Only 'text' parts are served.")]
     text: Text | None = None
 
 
-class Message(msgspec.Struct, kw_only=True):
+Name = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="1 to 64 letters, digits, '_' or '-'.",
+    ),
+]
+CallId = Annotated[str, Meta(min_length=1, max_length=256)]
+
+
+class FunctionCall(msgspec.Struct, **STRICT):
+    name: Name
+    arguments: Annotated[str, Meta(max_length=MAX_TEXT_CHARS, description="A JSON object.")]
+
+
+class ToolCall(msgspec.Struct, **STRICT):
+    id: CallId
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class Message(msgspec.Struct, **STRICT):
     role: Annotated[
         str,
         Meta(
@@ -57,9 +84,51 @@ class Message(msgspec.Struct, kw_only=True):
     ]
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
+    tool_calls: (
+        Annotated[
+            list[ToolCall],
+            Meta(max_length=MAX_TOOL_CALLS, description="Assistant messages: calls it made."),
+        ]
+        | None
+    ) = None
+    tool_call_id: (
+        Annotated[str, Meta(min_length=1, max_length=256, description="Tool messages only.")] | None
+    ) = None
+    refusal: Annotated[None, Meta(description="Accepted as null only.")] = None
+    function_call: Annotated[None, Meta(description="Deprecated; null only.")] = None
 
 
-class Prediction(msgspec.Struct, kw_only=True):
+class FunctionDef(msgspec.Struct, **STRICT):
+    name: Name
+    description: Annotated[str, Meta(max_length=MAX_TEXT_CHARS)] | None = None
+    parameters: (
+        Annotated[
+            dict[str, Any],
+            Meta(description="A JSON schema of type object (default: no arguments)."),
+        ]
+        | None
+    ) = None
+    strict: (
+        Annotated[bool, Meta(description="Accepted; the arguments are always grammar-enforced.")]
+        | None
+    ) = None
+
+
+class Tool(msgspec.Struct, **STRICT):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(msgspec.Struct, **STRICT):
+    name: Name
+
+
+class NamedToolChoice(msgspec.Struct, **STRICT):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class Prediction(msgspec.Struct, **STRICT):
     type: Literal["content"] = "content"
     content: (
         Annotated[
@@ -73,18 +142,18 @@ class Prediction(msgspec.Struct, kw_only=True):
     )
 
 
-class StreamOptions(msgspec.Struct, kw_only=True):
+class StreamOptions(msgspec.Struct, **STRICT):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+class JsonSchemaFormat(msgspec.Struct, **STRICT):
     name: str
     schema: dict[str, Any] | None = None
     strict: bool | None = None
     description: str | None = None
 
 
-class ResponseFormat(msgspec.Struct, kw_only=True):
+class ResponseFormat(msgspec.Struct, **STRICT):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -97,7 +166,7 @@ class Decoding(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     k: Annotated[int, Meta(ge=1, le=MAX_K, description="Draft tokens per step.")] | None = None
 
 
-class _Common(msgspec.Struct, kw_only=True):
+class _Common(msgspec.Struct, **STRICT):
     model: str
     temperature: Annotated[float, Meta(ge=0.0, le=2.0, description="Default 1.")] | None = None
     top_p: Annotated[float, Meta(gt=0.0, le=1.0, description="Default 1.")] | None = None
@@ -109,8 +178,9 @@ class _Common(msgspec.Struct, kw_only=True):
         Annotated[
             int,
             Meta(
-                description="Choices per request: this gateway returns one.",
-                extra_json_schema={"minimum": 1, "maximum": 1},
+                ge=1,
+                le=MAX_CHOICES,
+                description="Choices per request, each decoded as its own batch row.",
             ),
         ]
         | None
@@ -124,7 +194,16 @@ class _Common(msgspec.Struct, kw_only=True):
     decoding: Decoding | None = None
     presence_penalty: Annotated[float, ONLY_ZERO] | None = None
     frequency_penalty: Annotated[float, ONLY_ZERO] | None = None
-    user: str | None = None
+    user: (
+        Annotated[
+            str,
+            Meta(
+                max_length=MAX_USER_CHARS,
+                description="End-user id; the audit record keeps its SHA-256 (filter: user).",
+            ),
+        ]
+        | None
+    ) = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -135,6 +214,9 @@ class ChatCompletionRequest(_Common, kw_only=True):
         Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS, description="Needs logprobs: true.")] | None
     ) = None
     response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], Meta(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -159,7 +241,7 @@ class CompletionRequest(_Common, kw_only=True):
     response_format: ResponseFormat | None = None
 
 
-class TokenizeRequest(msgspec.Struct, kw_only=True):
+class TokenizeRequest(msgspec.Struct, **STRICT):
     """Exactly one of prompt or messages."""
 
     model: str

@@ -21,6 +21,8 @@ def _constraint(cmd: Generate | None) -> tuple[str, str | None]:
     if cmd is None:
         return "none", None
     kind = cmd.constraint
+    if kind == "tools" and cmd.tools is not None:
+        return kind, _sha(json.dumps(cmd.tools.definitions, sort_keys=True, separators=(",", ":")))
     if kind in ("json_object", "json_schema"):
         return kind, _sha(json.dumps(cmd.response_format, sort_keys=True, separators=(",", ":")))
     if kind == "logit_bias":
@@ -55,6 +57,7 @@ def request_fields(
         "constraint": constraint,
         "constraint_sha256": constraint_sha,
         "latency_ms": round((time.perf_counter() - meta.received_at) * 1000, 3),
+        "user_sha256": _sha(cmd.user) if cmd and cmd.user is not None else None,
     }
 
 
@@ -83,6 +86,7 @@ def served_record(
     result: DecodeResult | None,
     completion_text: str,
     first_token_at: float | None,
+    tool_names: tuple[str, ...] = (),
 ) -> RequestRecord:
     stats = result.stats if result else None
     speculative = decision.mode == "speculative"
@@ -111,4 +115,6 @@ def served_record(
         ttft_ms=ttft,
         prompt_sha256=_sha(prompt_text),
         completion_sha256=_sha(completion_text),
+        tool_calls=len(tool_names) if cmd.constraint == "tools" else None,
+        tool_names=tool_names if cmd.constraint == "tools" else None,
     )

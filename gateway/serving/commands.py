@@ -7,8 +7,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.engine import SamplingParams
+from gateway.engine.constraints.tool_calls import ToolSpec
 
-__all__ = ["DecodingOverride", "Endpoint", "Generate", "Principal", "RequestMeta", "SamplingParams"]
+__all__ = [
+    "DecodingOverride",
+    "Endpoint",
+    "Generate",
+    "Principal",
+    "RequestMeta",
+    "SamplingParams",
+    "ToolSpec",
+    "Tools",
+]
 
 Endpoint = Literal["chat.completions", "completions"]
 
@@ -38,12 +48,36 @@ class DecodingOverride:
 
 
 @dataclass(frozen=True)
+class Tools:
+    """A chat request's tools and how the model may call them."""
+
+    specs: tuple[ToolSpec, ...]
+    definitions: tuple[dict[str, Any], ...]
+    """The tools as OpenAI sent them (what the chat template presents to the model)."""
+    choice: Literal["none", "auto", "required", "named"] = "auto"
+    named: str | None = None
+    """The one function a named tool_choice forces."""
+    parallel: bool = True
+
+    @property
+    def callable(self) -> tuple[ToolSpec, ...]:
+        """The functions the output may call (none with tool_choice "none")."""
+        if self.choice == "none":
+            return ()
+        if self.choice == "named":
+            return tuple(t for t in self.specs if t.name == self.named)
+        return self.specs
+
+
+@dataclass(frozen=True)
 class Generate:
     """One generation request, already checked for shape by the HTTP layer."""
 
     endpoint: Endpoint
     model: str
-    messages: tuple[dict[str, str], ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    """Chat messages as the template takes them (role, content; an assistant's tool_calls
+    with their arguments as objects; a tool message's tool_call_id)."""
     prompt: str | tuple[int, ...] | None = None
     max_tokens: int | None = None
     """None: the endpoint's default (gateway.limits.DEFAULT_MAX_TOKENS), capped by the context."""
@@ -56,11 +90,19 @@ class Generate:
     decoding: DecodingOverride | None = None
     stream: bool = False
     include_usage: bool = False
+    tools: Tools | None = None
+    n: int = 1
+    """Choices: each one decode row of its own."""
+    user: str | None = None
+    """The client's end-user id (OpenAI's ``user``)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def constraint(self) -> str:
-        """none | json_object | json_schema | logit_bias (what the audit record names)."""
+        """none | json_object | json_schema | tools | logit_bias (what the audit record
+        names)."""
+        if self.tools is not None and self.tools.callable:
+            return "tools"
         rf = self.response_format
         if rf and rf.get("type") in ("json_object", "json_schema"):
             return str(rf["type"])

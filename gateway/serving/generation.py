@@ -11,15 +11,25 @@ history, in that order. Metrics and logs listen to the recorder.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from gateway.database import Payload
-from gateway.engine import DecodeRequest, DecodeResult, Delta, EngineError, Finished, KPrior
+from gateway.engine import (
+    DecodeRequest,
+    DecodeResult,
+    Delta,
+    EngineError,
+    Finished,
+    Grammar,
+    KPrior,
+)
 from gateway.engine.constraints.json_schema import ConstraintError, validate_output
 from gateway.serving.audit_map import refused_record, served_record
+from gateway.serving.choices import merged_events, merged_result, seed_of
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.decisions import Plan, PolicyService
 from gateway.serving.errors import STATUS_OF_KIND, GatewayError, invalid
@@ -29,13 +39,26 @@ from gateway.serving.prepare import Prepared, prepare
 from gateway.serving.ratelimit import Quota, RateLimiter, Ticket
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutTraffic
+from gateway.serving.tool_output import ParsedCall, check_calls, read_calls
 from gateway.serving.worker import InferenceWorker, Job, Overloaded
 from policies import Decision, Load
 
 
 @dataclass
+class Choice:
+    """One of the request's n choices: its own decode row, grammar and output."""
+
+    index: int
+    job: Job
+    grammar: Grammar | None
+    result: DecodeResult | None = None
+    text_parts: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Generation:
-    """A started request: decision made, engine run queued on the inference worker."""
+    """A started request: decision made, engine runs (one per choice) queued on the
+    inference worker."""
 
     meta: RequestMeta
     principal: Principal
@@ -45,12 +68,25 @@ class Generation:
     quota: Quota
     ticket: Ticket
     draft: DraftHandle | None
-    job: Job
+    choices: list[Choice]
     service: GenerationService
-    result: DecodeResult | None = None
     first_token_at: float | None = None
     finished: bool = False
-    text_parts: list[str] = field(default_factory=list)
+
+    @property
+    def result(self) -> DecodeResult | None:
+        """The finished output: the one choice's result, or the choices' merged (tokens,
+        counters) for usage and the audit record; None until every choice finished."""
+        results = [c.result for c in self.choices]
+        if any(r is None for r in results):
+            return None
+        return merged_result(results)  # type: ignore[arg-type]
+
+    @property
+    def completion_text(self) -> str:
+        """What the audit record digests: the text, or the choices' texts as a JSON list."""
+        texts = ["".join(c.text_parts) for c in self.choices]
+        return texts[0] if len(texts) == 1 else json.dumps(texts, ensure_ascii=False)
 
     @property
     def prompt_ids(self) -> tuple[int, ...]:
@@ -68,6 +104,17 @@ class Generation:
     def draft_label(self) -> str | None:
         return f"{self.draft.entry.name}@{self.draft.entry.version}" if self.draft else None
 
+    @property
+    def calls_tools(self) -> bool:
+        """The output is read as tool calls (tools sent, tool_choice other than none)."""
+        return self.command.constraint == "tools"
+
+    def tool_calls(self) -> list[ParsedCall]:
+        """The calls the finished choices made, in choice order (none unless `calls_tools`)."""
+        if not self.calls_tools:
+            return []
+        return [call for c in self.choices if c.result for call in read_calls(c.result.text)[1]]
+
     def headers(self) -> dict[str, str]:
         h = {
             "x-request-id": self.meta.request_id,
@@ -78,29 +125,35 @@ class Generation:
             h["x-draft-model"] = self.draft_label
         return h
 
-    async def deltas(self) -> AsyncIterator[Delta]:
-        """The engine's text deltas; afterwards ``result`` holds the final result."""
+    async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
+        """(choice index, text delta) as the engine emits them, the choices interleaved;
+        afterwards every choice holds its result."""
+        jobs = [c.job for c in self.choices]
         try:
-            async for event in self.service.worker.events(self.job):
+            async for index, event in merged_events(self.service.worker, jobs):
+                choice = self.choices[index]
                 if isinstance(event, Finished):
-                    self._check_constraint(event.result)
-                    self.result = event.result
-                    return
+                    self._check_constraint(choice, event.result)
+                    choice.result = event.result
+                    continue
                 if self.first_token_at is None:
                     self.first_token_at = time.perf_counter()
-                self.text_parts.append(event.text)
-                yield event
+                choice.text_parts.append(event.text)
+                yield index, event
         except EngineError as exc:
             raise invalid(str(exc)) from exc
 
-    def _check_constraint(self, result: DecodeResult) -> None:
+    def _check_constraint(self, choice: Choice, result: DecodeResult) -> None:
         """A grammar-complete output must validate before it is returned (defence in depth:
         the mask already guarantees it). Cut short (length, stop string): no claim is made."""
-        grammar = self.prepared.grammar
+        grammar = choice.grammar
         if grammar is None or not grammar.is_complete():
             return
         try:
-            validate_output(result.text, self.prepared.schema)
+            if self.calls_tools and self.prepared.schema is not None:
+                check_calls(result.text, self.prepared.schema["tools"])
+            else:
+                validate_output(result.text, self.prepared.schema)
         except ConstraintError as exc:
             raise GatewayError(
                 "internal",
@@ -108,15 +161,16 @@ class Generation:
                 code="constraint_violation",
             ) from exc
 
-    async def collect(self) -> DecodeResult:
+    async def collect(self) -> list[DecodeResult]:
+        """Every choice's result, in choice order."""
         async for _ in self.deltas():
             pass
-        assert self.result is not None
-        return self.result
+        return [c.result for c in self.choices if c.result is not None]
 
     def cancel(self) -> None:
-        """Stop the engine run at its next step (client gone, or an error)."""
-        self.job.cancelled.set()
+        """Stop the engine runs at their next step (client gone, or an error)."""
+        for c in self.choices:
+            c.job.cancelled.set()
 
     def finish_detached(self, status: int) -> None:
         """finish() from a cancelled context (client disconnect): runs in the background."""
@@ -161,9 +215,11 @@ class GenerationService:
             tenant, prepared.features, self.pool.draft_versions(prepared.entry.name),
             preferred, self._load(prepared),
         )  # fmt: skip
-        quota, ticket = self._admit(tenant, plan, prepared)  # 5. the tenant's rate limits
-        draft, job = await self._run(cmd, prepared, plan, ticket)  # 6. queue the engine run
-        return Generation(meta, principal, cmd, prepared, plan, quota, ticket, draft, job, self)
+        quota, ticket = self._admit(tenant, plan, prepared, cmd.n)  # 5. the tenant's rate limits
+        draft, choices = await self._run(cmd, prepared, plan, ticket)  # 6. queue the runs
+        return Generation(
+            meta, principal, cmd, prepared, plan, quota, ticket, draft, choices, self
+        )  # fmt: skip
 
     async def finish(self, gen: Generation, outcome: Outcome) -> None:
         """7. The one way back, in order: limits, audit record, rollout guard, history."""
@@ -171,13 +227,14 @@ class GenerationService:
         self.limiter.settle(
             gen.ticket, len(gen.prompt_ids) + (len(result.token_ids) if result else 0)
         )
-        completion = "".join(gen.text_parts)
+        completion = gen.completion_text
         record = served_record(
             meta=gen.meta, principal=gen.principal, cmd=gen.command, status=outcome.status,
             error=outcome.error, decision=gen.plan.decision, target=gen.prepared.entry,
             draft=gen.draft.entry if gen.draft else None, prompt_text=gen.prepared.prompt_text,
             prompt_tokens=len(gen.prompt_ids), result=result, completion_text=completion,
             first_token_at=gen.first_token_at,
+            tool_names=tuple(c.name for c in gen.tool_calls()),
         )  # fmt: skip
         payload = None
         if gen.plan.retention_days > 0:
@@ -220,8 +277,8 @@ class GenerationService:
         self.recorder.check_writable()
         return principal.tenant_id
 
-    def _admit(self, tenant: str, plan: Plan, prepared: Prepared) -> tuple[Quota, Ticket]:
-        budget = len(prepared.prompt_ids) + prepared.max_tokens
+    def _admit(self, tenant: str, plan: Plan, prepared: Prepared, n: int) -> tuple[Quota, Ticket]:
+        budget = len(prepared.prompt_ids) + prepared.max_tokens * n
         quota, ticket = self.limiter.admit(tenant, plan.limits, budget)
         if not quota.allowed:
             raise GatewayError(
@@ -235,42 +292,56 @@ class GenerationService:
 
     async def _run(
         self, cmd: Generate, prepared: Prepared, plan: Plan, ticket: Ticket
-    ) -> tuple[DraftHandle | None, Job]:
+    ) -> tuple[DraftHandle | None, list[Choice]]:
+        """Queue one decode row per choice (rows of one target batch together); choice i > 0
+        gets its own grammar and, when seeded, the seed + i."""
         decision = plan.decision
         speculative = decision.mode == "speculative"
         draft = None
+        choices: list[Choice] = []
         try:
             if speculative and decision.proposer == "draft":
                 assert decision.draft_version is not None
                 draft = await self.pool.draft(prepared.entry.name, decision.draft_version)
-            request = DecodeRequest(
-                prompt_ids=prepared.prompt_ids,
-                sampling=replace(
-                    cmd.sampling,
-                    max_tokens=prepared.max_tokens,
-                    allowed_token_ids=plan.allowed_token_ids,
-                    banned_token_ids=plan.banned_token_ids,
-                ),
-                mode="speculative" if speculative else "standard",
-                proposer=decision.proposer if speculative else None,  # type: ignore[arg-type]
-                k_min=decision.k_min,
-                k_max=decision.k_max,
-                prediction=cmd.prediction,
-                grammar=prepared.grammar,
-                k_prior=_k_prior(plan),
-                may_pause=decision.auto_outcome is not None,  # auto: off where it won't pay
-            )
-            model = draft.model if draft else None
-            job = self.worker.submit_decode(prepared.engine, request, model)
+            for i in range(cmd.n):
+                grammar = prepared.grammar
+                if i and prepared.compiled is not None:
+                    grammar = prepared.compiled.new()
+                request = DecodeRequest(
+                    prompt_ids=prepared.prompt_ids,
+                    sampling=replace(
+                        cmd.sampling,
+                        max_tokens=prepared.max_tokens,
+                        allowed_token_ids=plan.allowed_token_ids,
+                        banned_token_ids=plan.banned_token_ids,
+                        seed=seed_of(cmd.sampling.seed, i),
+                    ),
+                    mode="speculative" if speculative else "standard",
+                    proposer=decision.proposer if speculative else None,  # type: ignore[arg-type]
+                    k_min=decision.k_min,
+                    k_max=decision.k_max,
+                    prediction=cmd.prediction,
+                    grammar=grammar,
+                    k_prior=_k_prior(plan),
+                    may_pause=decision.auto_outcome is not None,  # auto: off where it won't pay
+                )
+                model = draft.model if draft else None
+                job = self.worker.submit_decode(prepared.engine, request, model)
+                choices.append(Choice(i, job, grammar))
         except Overloaded as exc:
-            self.limiter.settle(ticket, 0)
+            self._abandon(choices, ticket)
             raise GatewayError(
                 "overloaded", str(exc), code="overloaded", retry_after=exc.retry_after
             ) from exc
         except BaseException:
-            self.limiter.settle(ticket, 0)
+            self._abandon(choices, ticket)
             raise
-        return draft, job
+        return draft, choices
+
+    def _abandon(self, choices: list[Choice], ticket: Ticket) -> None:
+        for c in choices:
+            c.job.cancelled.set()
+        self.limiter.settle(ticket, 0)
 
 
 def _k_prior(plan: Plan) -> KPrior | None:

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.engine import Engine, Grammar
-from gateway.engine.constraints.json_schema import ConstraintError, compile_json_grammar
+from gateway.engine.constraints.json_schema import (
+    CompiledGrammar,
+    ConstraintError,
+    compile_json_grammar,
+)
+from gateway.engine.constraints.tool_calls import (
+    ToolError,
+    ToolMode,
+    check_tools,
+    compile_tool_grammar,
+)
 from gateway.limits import DEFAULT_MAX_TOKENS
 from gateway.serving.commands import Generate
 from gateway.serving.errors import GatewayError, invalid
@@ -34,6 +44,8 @@ class Prepared:
     grammar: Grammar | None
     schema: dict[str, Any] | None
     features: RequestFeatures
+    compiled: CompiledGrammar | None = None
+    """What ``grammar`` was made from: each further choice (n > 1) gets its own."""
 
 
 async def prepare(pool: ModelPool, cmd: Generate) -> Prepared:
@@ -64,10 +76,11 @@ async def prepare(pool: ModelPool, cmd: Generate) -> Prepared:
     for token_id, _ in cmd.sampling.logit_bias:
         if not 0 <= token_id < vocab:
             raise invalid(f"logit_bias token id {token_id} is not in [0, {vocab})", "logit_bias")
-    grammar, schema = await _grammar(cmd, engine)
+    compiled, schema = await _grammar(cmd, engine)
     return Prepared(
-        entry, engine, prompt_text, prompt_ids, max_tokens, grammar, schema,
-        features(cmd, len(prompt_ids), max_tokens),
+        entry, engine, prompt_text, prompt_ids, max_tokens,
+        compiled.new() if compiled else None, schema,
+        features(cmd, len(prompt_ids), max_tokens), compiled,
     )  # fmt: skip
 
 
@@ -90,10 +103,28 @@ def features(cmd: Generate, prompt_tokens: int, max_tokens: int) -> RequestFeatu
     )
 
 
-async def _grammar(cmd: Generate, engine: Engine) -> tuple[Grammar | None, dict[str, Any] | None]:
-    """response_format -> a fresh per-request grammar (compiled grammars are cached per
-    schema hash); a bad schema or an unenforceable keyword is a 400 naming it. Compiling
+async def _grammar(
+    cmd: Generate, engine: Engine
+) -> tuple[CompiledGrammar | None, dict[str, Any] | None]:
+    """response_format or tools -> a fresh per-request grammar (compiled grammars are cached
+    per schema hash); a bad schema or an unenforceable keyword is a 400 naming it. Compiling
     uses no torch, so it runs in a helper thread, off the inference thread."""
+    if cmd.tools is not None:
+        t = cmd.tools
+        mode: ToolMode = "auto" if t.choice == "auto" else "required"
+        parallel = t.parallel and t.choice != "named"  # a named choice is one call
+        try:
+            check_tools(t.specs)  # every tool, also those the choice leaves out
+            if not t.callable:
+                return None, None
+            compiled = await asyncio.to_thread(
+                compile_tool_grammar, engine.tokenizer, t.callable, mode, parallel,
+                engine.target.vocab_size,
+            )  # fmt: skip
+        except ToolError as exc:
+            where = "tools" if exc.index is None else f"tools[{exc.index}].function.{exc.field}"
+            raise invalid(str(exc), where) from None
+        return compiled, compiled.schema
     rf = cmd.response_format
     if rf is None:
         return None, None
@@ -104,15 +135,16 @@ async def _grammar(cmd: Generate, engine: Engine) -> tuple[Grammar | None, dict[
         )
     except ConstraintError as exc:
         raise invalid(str(exc), "response_format") from None
-    return compiled.new(), schema
+    return compiled, schema
 
 
 def tokenize(tokenizer: Any, cmd: Generate) -> tuple[str, tuple[int, ...]]:
     """The prompt as text (hashed into the audit record) and as token ids."""
     if cmd.messages is not None:
         try:
+            tools = list(cmd.tools.definitions) if cmd.tools else None
             text = tokenizer.apply_chat_template(
-                list(cmd.messages), tokenize=False, add_generation_prompt=True
+                list(cmd.messages), tools=tools, tokenize=False, add_generation_prompt=True
             )
         except Exception as exc:  # jinja errors name the template problem
             raise invalid(f"cannot apply the chat template: {exc}", "messages") from exc

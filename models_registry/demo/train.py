@@ -35,10 +35,9 @@ from models_registry.demo.corpus import load_corpus
 
 EOS = "<|endoftext|>"
 SPECIALS = [EOS, "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text()
+"""ChatML with tool roles: tools in the system turn, calls as <tool_call> blocks (the syntax
+gateway.engine.constraints.tool_calls forces), results as tool turns."""
 
 
 @dataclass(frozen=True)

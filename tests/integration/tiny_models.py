@@ -13,9 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 EOS = "<|endoftext|>"
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+    Path(__file__).parents[2] / "models_registry" / "demo" / "chat_template.jinja"
+).read_text()
+"""The demo models' ChatML template (with tool roles)."""
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
     "for i in range(10):\n    print(i)\n",
@@ -26,7 +26,8 @@ CORPUS = [
 CONTEXT = 256
 
 
-def tokenizer() -> PreTrainedTokenizerFast:
+def tokenizer(extra_tokens: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """The tiny BPE; ``extra_tokens`` are added as whole (non-special) tokens."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -38,11 +39,12 @@ def tokenizer() -> PreTrainedTokenizerFast:
     )
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast.add_tokens(list(extra_tokens))
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def _model(vocab: int, layers: int, seed: int) -> LlamaForCausalLM:
+def _model(vocab: int, layers: int, seed: int, context: int = CONTEXT) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab,
@@ -51,7 +53,7 @@ def _model(vocab: int, layers: int, seed: int) -> LlamaForCausalLM:
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=CONTEXT,
+        max_position_embeddings=context,
         bos_token_id=0,
         eos_token_id=0,
         pad_token_id=0,
@@ -63,17 +65,17 @@ def _sha(path: Path) -> str:
     return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
 
 
-def build(root: Path) -> Path:
+def build(root: Path, context: int = CONTEXT, extra_tokens: tuple[str, ...] = ()) -> Path:
     """Write target v1, drafts v1 (a copy of the target: always agrees) and v2 (random),
     and manifest.yaml under ``root``; return the manifest path."""
-    tok = tokenizer()
+    tok = tokenizer(extra_tokens)
     vocab = len(tok)
-    target = _model(vocab, layers=2, seed=1)
+    target = _model(vocab, layers=2, seed=1, context=context)
     entries = []
     for name, version, role, model in (
         ("tiny-target", "1", "target", target),
         ("tiny-draft", "1", "draft", target),
-        ("tiny-draft", "2", "draft", _model(vocab, layers=1, seed=2)),
+        ("tiny-draft", "2", "draft", _model(vocab, layers=1, seed=2, context=context)),
     ):
         path = root / f"{name}-v{version}"
         model.save_pretrained(path)

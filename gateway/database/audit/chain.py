@@ -7,7 +7,8 @@ field except ``id`` and ``record_hash`` (``prev_hash`` included). Fixed formats:
 - datetimes: UTC, ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (always six fraction digits);
 - floats (float columns are coerced to float first): Python's shortest round-trip ``repr``
   as a JSON number, e.g. ``1.0``, ``0.7``; NaN and infinities are refused;
-- ints, strings, null, JSON lists/objects as ``json`` writes them.
+- ints, strings, null, JSON lists/objects as ``json`` writes them;
+- the fields added later (``HASHED_WHEN_SET``) are left out while null.
 
 Ids are not hashed; chain order is id order. The first link's ``prev_hash`` is 64 zeros.
 """
@@ -32,8 +33,13 @@ RECORD_FIELDS: tuple[str, ...] = (
     "draft_sha256", "k_min", "k_max", "drafted_tokens", "accepted_tokens", "temperature",
     "top_p", "top_k", "seed", "constraint", "constraint_sha256", "prompt_tokens",
     "completion_tokens", "latency_ms", "ttft_ms", "prompt_sha256", "completion_sha256",
+    "user_sha256", "tool_calls", "tool_names",
 )  # fmt: skip
 """Hashed fields of ``audit_records`` (besides ``prev_hash``)."""
+
+HASHED_WHEN_SET = frozenset({"user_sha256", "tool_calls", "tool_names"})
+"""Fields added after revision 0001: hashed only when not null, so records written before
+the columns existed keep their hashes."""
 
 EVENT_FIELDS: tuple[str, ...] = ("actor", "action", "subject", "before", "after", "created_at")
 """Hashed fields of ``admin_events`` (besides ``prev_hash``)."""
@@ -58,14 +64,18 @@ def _normalize(name: str, value: Any) -> Any:
         if not math.isfinite(value):
             raise ValueError(f"{name} must be finite")
         return value
-    if name == "reason_codes":
+    if name in ("reason_codes", "tool_names"):
         return list(value)
     return value
 
 
 def canonical(row: Mapping[str, Any] | RowMapping, fields: Iterable[str], prev_hash: str) -> bytes:
     """Canonical bytes of one chained row (see module docstring)."""
-    obj = {name: _normalize(name, row[name]) for name in fields}
+    obj = {
+        name: _normalize(name, row[name])
+        for name in fields
+        if not (name in HASHED_WHEN_SET and row[name] is None)
+    }
     obj["prev_hash"] = prev_hash
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return text.encode("utf-8")

@@ -37,6 +37,7 @@ _EQUALITY = (
     "draft_version",
     "status",
     "decision_id",
+    "user_sha256",
 )
 _GROUP = (
     "tenant_id",

@@ -41,6 +41,8 @@ def record_row(record: RequestRecord, payload: Payload | None, now: datetime) ->
     row = {name: getattr(record, name) for name in RECORD_FIELDS}
     row["created_at"] = record.created_at or now
     row["reason_codes"] = list(record.reason_codes)
+    if record.tool_names is not None:
+        row["tool_names"] = list(record.tool_names)
     for name in ("temperature", "top_p", "latency_ms", "ttft_ms"):
         if row[name] is not None:
             row[name] = float(row[name])

@@ -15,7 +15,7 @@ from typing import Any
 MODES = frozenset({"speculative", "standard"})
 REQUESTED_MODES = frozenset({"auto", "speculative", "standard"})
 PROPOSERS = frozenset({"draft", "prompt_lookup", "prediction"})
-CONSTRAINTS = frozenset({"none", "json_object", "json_schema", "logit_bias"})
+CONSTRAINTS = frozenset({"none", "json_object", "json_schema", "tools", "logit_bias"})
 KEY_ROLES = frozenset({"tenant", "auditor"})
 
 
@@ -74,6 +74,9 @@ class RequestRecord:
     ttft_ms: float | None = None
     prompt_sha256: str | None = None
     completion_sha256: str | None = None
+    user_sha256: str | None = None
+    tool_calls: int | None = None
+    tool_names: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         _check(100 <= self.status <= 599, f"status {self.status} is not an HTTP status")
@@ -101,6 +104,12 @@ class RequestRecord:
             "created_at must be timezone-aware",
         )
         _check(not isinstance(self.reason_codes, str), "reason_codes must be a list of codes")
+        _check(not isinstance(self.tool_names, str), "tool_names must be a list of names")
+        _check(
+            (self.tool_calls is None) == (self.tool_names is None)
+            and (self.tool_names is None or len(self.tool_names) == self.tool_calls),
+            "tool_calls must count tool_names",
+        )
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,8 @@ class RecordFilter:
     draft_version: str | None = None
     status: int | None = None
     decision_id: str | None = None
+    user_sha256: str | None = None
+    """SHA-256 of the end-user id (`sha256_text(user)`)."""
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,65 @@ def _ll_tokenizer(tokenizer: Any, vocab_size: int) -> llguidance.LLTokenizer:
     return ll
 
 
+def canonical_schema(schema: Any) -> str:
+    """The canonical JSON of a schema (a JSON object within the size limits, checked without
+    recursion), or ConstraintError."""
+    if not isinstance(schema, dict):
+        raise ConstraintError(f"the JSON schema must be a JSON object, not {type(schema).__name__}")
+    check_size(schema)
+    try:
+        return json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConstraintError(f"the JSON schema is not plain JSON: {exc}") from None
+
+
+def check_enforceable(schema: dict[str, Any]) -> None:
+    """ConstraintError unless every keyword is known (see the module docstring) and the
+    schema is valid under its meta-schema. Call after `canonical_schema`."""
+    unknown = unknown_keywords(schema)
+    if unknown:
+        raise ConstraintError(
+            f"unknown or refused JSON schema keyword(s), not enforced: {', '.join(unknown)}"
+        )
+    _check_schema(schema)
+
+
+def _cached(tokenizer: Any, vocab_size: int, digest: str) -> CompiledGrammar | None:
+    key = (id(tokenizer), vocab_size, digest)
+    with _lock:
+        hit = _grammars.get(key)
+        if hit is not None and hit[0] is tokenizer:
+            _grammars.move_to_end(key)
+            return hit[1]
+    return None
+
+
+def compile_grammar_text(
+    tokenizer: Any, text: str, vocab_size: int, schema: dict[str, Any], digest: str
+) -> CompiledGrammar:
+    """Compile an llguidance grammar (``text``: its JSON-schema or Lark form) and cache it
+    under ``digest`` (the caller's hash of what the grammar enforces). ``schema`` is kept on
+    the result for the record and for output validation."""
+    hit = _cached(tokenizer, vocab_size, digest)
+    if hit is not None:
+        return hit
+    ll = _ll_tokenizer(tokenizer, vocab_size)
+    error = llguidance.LLMatcher.validate_grammar(text, ll)
+    if error:
+        raise ConstraintError(f"JSON schema not supported: {error}")
+    matcher = llguidance.LLMatcher(ll, text, log_level=0)
+    if matcher.is_error():
+        raise ConstraintError(f"JSON schema not supported: {matcher.get_error()}")
+    compiled = CompiledGrammar(schema, digest, vocab_size, frozenset(ll.eos_tokens), matcher)
+    key = (id(tokenizer), vocab_size, digest)
+    with _lock:
+        _grammars[key] = (tokenizer, compiled)
+        _grammars.move_to_end(key)
+        while len(_grammars) > GRAMMAR_CACHE_SIZE:
+            _grammars.popitem(last=False)
+    return compiled
+
+
 def compile_json_grammar(
     tokenizer: Any, schema: dict[str, Any] | None, vocab_size: int
 ) -> CompiledGrammar:
@@ -190,48 +249,17 @@ def compile_json_grammar(
     Raises ConstraintError (see the module docstring) for anything it cannot enforce.
     """
     effective = JSON_OBJECT_SCHEMA if schema is None else schema
-    if not isinstance(effective, dict):
-        raise ConstraintError(
-            f"the JSON schema must be a JSON object, not {type(effective).__name__}"
-        )
-    check_size(effective)
-    try:
-        canonical = json.dumps(effective, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ConstraintError(f"the JSON schema is not plain JSON: {exc}") from None
+    canonical = canonical_schema(effective)
     digest = hashlib.sha256(canonical.encode()).hexdigest()
-    key = (id(tokenizer), vocab_size, digest)
-    with _lock:
-        hit = _grammars.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            _grammars.move_to_end(key)
-            return hit[1]
-    unknown = unknown_keywords(effective)
-    if unknown:
-        raise ConstraintError(
-            f"unknown or refused JSON schema keyword(s), not enforced: {', '.join(unknown)}"
-        )
-    _check_schema(effective)
-    ll = _ll_tokenizer(tokenizer, vocab_size)
+    hit = _cached(tokenizer, vocab_size, digest)
+    if hit is not None:
+        return hit
+    check_enforceable(effective)
     try:
         text = llguidance.LLMatcher.grammar_from_json_schema(effective, overrides=JSON_OPTIONS)
     except ValueError as exc:
         raise ConstraintError(f"JSON schema not supported: {exc}") from None
-    error = llguidance.LLMatcher.validate_grammar(text, ll)
-    if error:
-        raise ConstraintError(f"JSON schema not supported: {error}")
-    matcher = llguidance.LLMatcher(ll, text, log_level=0)
-    if matcher.is_error():
-        raise ConstraintError(f"JSON schema not supported: {matcher.get_error()}")
-    compiled = CompiledGrammar(
-        json.loads(canonical), digest, vocab_size, frozenset(ll.eos_tokens), matcher
-    )
-    with _lock:
-        _grammars[key] = (tokenizer, compiled)
-        _grammars.move_to_end(key)
-        while len(_grammars) > GRAMMAR_CACHE_SIZE:
-            _grammars.popitem(last=False)
-    return compiled
+    return compile_grammar_text(tokenizer, text, vocab_size, json.loads(canonical), digest)
 
 
 # -- the per-request grammar --------------------------------------------------------------
@@ -377,6 +405,9 @@ __all__ = [
     "CompiledGrammar",
     "ConstraintError",
     "JsonGrammar",
+    "canonical_schema",
+    "check_enforceable",
+    "compile_grammar_text",
     "compile_json_grammar",
     "unknown_keywords",
     "validate_output",

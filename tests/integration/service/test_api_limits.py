@@ -59,7 +59,7 @@ def _param(r: Any, status: int = 400) -> str | None:
         ({"logit_bias": {"5": -101}}, "logit_bias"),
         ({"decoding": {"k": 0}}, "decoding.k"),
         ({"prediction": {"content": "x" * (MAX_PREDICTION_CHARS + 1)}}, "prediction.content"),
-        ({"n": 2}, "n"),
+        ({"n": 9}, "n"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
     ],
 )

@@ -132,7 +132,7 @@ async def test_seed_makes_sampling_repeatable(gw: Gateway) -> None:
             400,
             "max_tokens",
         ),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 9}, 400, "n"),
         (
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 3},
             400,

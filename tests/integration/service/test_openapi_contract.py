@@ -44,6 +44,7 @@ FILTERS = {
     "draft_version",
     "status",
     "decision_id",
+    "user",
 }
 QUERY = {
     "/audit/records": FILTERS | {"cursor", "limit"},

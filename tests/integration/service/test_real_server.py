@@ -86,7 +86,7 @@ def test_openai_client_errors(server: Server) -> None:
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError) as bad:
-        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=3)
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=9)
     assert bad.value.body["param"] == "n"  # type: ignore[index]
     wrong = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

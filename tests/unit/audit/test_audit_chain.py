@@ -14,6 +14,7 @@ from gateway.database import Payload, RequestRecord
 from gateway.database.audit.chain import (
     FLOAT_FIELDS,
     GENESIS,
+    HASHED_WHEN_SET,
     RECORD_FIELDS,
     ChainWalker,
     canonical,
@@ -34,7 +35,7 @@ def row_of(rec: RequestRecord) -> dict[str, object]:
 def test_canonical_is_sorted_compact_json_with_fixed_formats() -> None:
     data = json.loads(canonical(row_of(BASE), RECORD_FIELDS, GENESIS))
     assert list(data) == sorted(data)
-    assert set(data) == {*RECORD_FIELDS, "prev_hash"}
+    assert set(data) == {*RECORD_FIELDS, "prev_hash"} - HASHED_WHEN_SET
     assert data["created_at"] == "2025-01-02T03:04:05.000006Z"
     assert b", " not in canonical(row_of(BASE), RECORD_FIELDS, GENESIS)
 
@@ -56,8 +57,10 @@ def test_changing_any_hashed_field_changes_the_hash(name: str, n: int) -> None:
     row = row_of(BASE)
     before = link(row, RECORD_FIELDS, GENESIS)
     value = row[name]
-    if value is None:
-        changed: object = float(n) if name in FLOAT_FIELDS else n
+    if name == "tool_names":
+        changed: object = [*(value or []), str(n)]
+    elif value is None:
+        changed = float(n) if name in FLOAT_FIELDS else n
     elif isinstance(value, float):
         changed = value + n / 1e9
     elif isinstance(value, int):
@@ -67,6 +70,19 @@ def test_changing_any_hashed_field_changes_the_hash(name: str, n: int) -> None:
     else:
         changed = f"{value}{n}"
     assert link({**row, name: changed}, RECORD_FIELDS, GENESIS) != before
+
+
+def test_fields_added_later_leave_older_hashes_alone() -> None:
+    """A record written before revision 0002 (no user_sha256 / tool_calls / tool_names keys)
+    hashes as the same record read back with those columns null; set, they are hashed."""
+    row = row_of(BASE)
+    old = {k: v for k, v in row.items() if k not in HASHED_WHEN_SET}
+    old_fields = [f for f in RECORD_FIELDS if f not in HASHED_WHEN_SET]
+    assert link(old, old_fields, GENESIS) == link(row, RECORD_FIELDS, GENESIS)
+    tools = row_of(dataclasses.replace(BASE, tool_calls=1, tool_names=("add",)))
+    data = json.loads(canonical(tools, RECORD_FIELDS, GENESIS))
+    assert data["tool_calls"] == 1 and data["tool_names"] == ["add"]
+    assert link(tools, RECORD_FIELDS, GENESIS) != link(row, RECORD_FIELDS, GENESIS)
 
 
 def test_non_finite_and_naive_values_are_refused() -> None:
