@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,10 @@ async def build_services(settings: Settings) -> Services:
     writer = AuditWriter(store)
     await writer.start()
     # The worker's thread is the only one that touches torch: it loads the models too.
+    # Tokenizing on the event loop must not start a pool of its own either (the Rust
+    # tokenizers' rayon pool, one thread per core, woken by every prompt); an operator's own
+    # setting wins.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     worker = InferenceWorker(
         settings.queue_capacity,
         settings.max_active,

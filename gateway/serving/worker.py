@@ -9,8 +9,10 @@ between regions, so every region of a step waits for a sleeping thread to wake.)
 a draft did exactly that: its load-time check runs a forward, on the event loop (first
 speculative request) or in ``asyncio.to_thread`` (rollouts). So this thread loads every
 model (``call``) and runs every decoding step; no other thread of the gateway calls into
-torch. tests/integration/service/test_inference_thread.py compares its forwards with the
-same forwards in a plain script's main thread.
+torch. The thread carries its name into the OS (``top -H``, py-spy), and the thread pools it
+opens inherit it, which is how tests/integration/service/test_inference_thread.py checks
+that no other thread ever opened one; ``python -m benchmarks inference_thread`` times its
+forwards against the same forwards in a plain script's main thread.
 
 A decode job (``submit_decode``) becomes a row of its target's continuous batch
 (gateway/engine/batch): every round, each batch advances all its rows by one step in shared
@@ -28,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ctypes
 import queue
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -104,12 +108,20 @@ class _Call:
             self.future.set_exception(value)
 
 
+def name_os_thread(name: str) -> None:
+    """Give the calling thread ``name`` in the OS (Linux: at most 15 bytes). Threads it
+    starts later, libgomp's pool among them, inherit the name."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
+
+
 class InferenceWorker:
     def __init__(
         self,
         capacity: int,
         max_active: int,
-        name: str = "inference",
+        name: str = "gw-inference",
         on_start: Callable[[], None] | None = None,
         max_batch: int = 8,
         kv_budget_tokens: int | None = None,
@@ -143,6 +155,10 @@ class InferenceWorker:
     def thread_id(self) -> int | None:
         """The OS thread's native id once started (what /proc and profilers show)."""
         return self._thread.native_id
+
+    @property
+    def thread_name(self) -> str:
+        return self._thread.name
 
     @property
     def depth(self) -> int:
@@ -196,6 +212,7 @@ class InferenceWorker:
     # -- worker-thread side -------------------------------------------------------------
 
     def _run(self) -> None:
+        name_os_thread(self._thread.name)
         if self._on_start is not None:
             self._on_start()
         waiting: collections.deque[Job] = collections.deque()

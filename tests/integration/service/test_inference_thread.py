@@ -1,34 +1,36 @@
-"""The gateway decodes at the engine's speed: its inference thread's forwards against the
-same forwards in a plain script's main thread, each measured in a fresh process.
+"""No thread of the gateway but the inference thread opens a torch thread pool.
 
 Why this can regress (see gateway/serving/worker.py): a second live thread that ever ran
 a parallel torch op (a draft loaded with asyncio.to_thread or on the event loop, as the
-gateway did before; a tensor built in the event loop) makes every decode step about 1.6x
-slower on 2 cores, at about one core's worth of CPU. The negative control spoils a gateway
-that way and must show it, so this test can fail.
+gateway did before) keeps a libgomp pool of its own, and on the 2-core machine every decode
+step then took about 1.6x as long. How long depends on the machine (one CI machine lost
+nothing in speed, only half its CPU use), so this test checks the cause, not the time: the
+real app serves every kind of request and a rollout, and afterwards every native thread
+started meanwhile must have been started by the inference thread (threads inherit their
+creator's OS name). The negative control spoils the app the old way and must be caught.
+The time itself is a benchmark: ``python -m benchmarks inference_thread``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-MARGIN = 1.3  # healthy: about 1.0; one core's worth: 1.6-1.9 on the 2-core machine
 
 pytestmark = pytest.mark.skipif(
-    (os.cpu_count() or 1) < 2, reason="one core: there is no second core to lose"
+    not Path("/proc/self/task").is_dir(), reason="reads thread names from Linux's /proc"
 )
 
 
-def probe(*args: str) -> dict[str, float]:
+def probe(*args: str) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-m", "tests.integration.service.inference_probe", *args],
+        [sys.executable, "-m", "benchmarks._inference_probe", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -38,12 +40,8 @@ def probe(*args: str) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def test_inference_thread_steps_as_fast_as_a_plain_script(tmp_path: Path) -> None:
-    ref = probe("reference")
+def test_only_the_inference_thread_opens_torch_thread_pools(tmp_path: Path) -> None:
     served = probe("gateway", str(tmp_path / "ok"))
     spoiled = probe("gateway", "--spoil", str(tmp_path / "spoiled"))
-    ratio = served["ms_per_step"] / ref["ms_per_step"]
-    spoiled_ratio = spoiled["ms_per_step"] / ref["ms_per_step"]
-    seen = f"reference {ref}, gateway {served}, spoiled {spoiled}"
-    assert spoiled_ratio > MARGIN, f"the control shows no slowdown, the check is blind: {seen}"
-    assert ratio < MARGIN, f"the inference thread decodes {ratio:.2f}x slower: {seen}"
+    assert spoiled["foreign_pools"], f"the control went unseen, the check is blind: {spoiled}"
+    assert not served["foreign_pools"], f"threads besides the inference thread: {served}"

@@ -34,8 +34,8 @@ async def test_call_runs_on_the_worker_thread_after_on_start() -> None:
     worker = started(on_start=lambda: seen.append(threading.current_thread().name))
     try:
         name = await worker.call(lambda: threading.current_thread().name)
-        assert name == "inference" and seen == ["inference"]
-        assert threading.current_thread().name != "inference"
+        assert name == "gw-inference" and seen == ["gw-inference"]
+        assert threading.current_thread().name != "gw-inference"
     finally:
         worker.stop()
 
@@ -107,7 +107,7 @@ async def test_the_pool_loads_models_through_its_runner(tmp_path: Path) -> None:
         version = pool.draft_versions(target)[0]
         handle = await pool.draft(target, version)
         assert handle is await pool.draft(target, version)  # loaded once
-        assert threads == ["inference", "inference"]
+        assert threads == ["gw-inference", "gw-inference"]
         with pytest.raises(GatewayError):
             await pool.target("no-such-model")
     finally:

@@ -1,15 +1,17 @@
-"""Times the demo target's decode steps where the gateway runs them, or in a plain script.
+"""Where the gateway runs torch, seen from inside one process.
 
-    python -m tests.integration.service.inference_probe reference
-    python -m tests.integration.service.inference_probe gateway [--spoil] VAR_DIR
+    python -m benchmarks._inference_probe reference
+    python -m benchmarks._inference_probe gateway [--spoil] VAR_DIR
 
 `reference` loads the target in the main thread of this process and times its steps there.
 `gateway` starts the real app (lifespan, SQLite audit, bundled manifest) in-process, serves
 what touches torch on the way (standard, speculative with draft v1, a JSON-schema request,
 a rollout that loads draft v2), then times the same steps on the inference worker's thread.
 `--spoil` first runs one torch op in the event loop's default executor, as loading models
-with asyncio.to_thread did (the negative control: it must show the slowdown).
-Prints one JSON line: median milliseconds per decode step and process CPU use meanwhile.
+with asyncio.to_thread did (the negative control).
+Prints one JSON line: median milliseconds per decode step, process CPU use meanwhile, and
+(gateway) the OS threads that are not Python threads and were started after the baseline
+by a thread other than the inference thread: each thread pool that competes with it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,7 +73,28 @@ def _manifest_models() -> list[dict[str, Any]]:
     return list(yaml.safe_load(MANIFEST.read_text())["models"])
 
 
-async def gateway(var: Path, spoil: bool) -> dict[str, float]:
+def os_threads() -> dict[int, str]:
+    """This process's OS threads: native id -> the name the kernel holds (``comm``)."""
+    names = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            names[int(tid)] = f.read().strip()
+    return names
+
+
+def foreign_pools(before: set[int], inference: str) -> list[str]:
+    """Native threads (no Python thread behind them: libgomp's workers, other libraries'
+    pools) started since ``before`` by a thread not named ``inference``. A thread inherits
+    its creator's OS name, and the worker names its thread before it touches torch."""
+    python = {t.native_id for t in threading.enumerate()}
+    return [
+        f"{tid}:{name}"
+        for tid, name in os_threads().items()
+        if tid not in before and tid not in python and name != inference[:15]
+    ]
+
+
+async def gateway(var: Path, spoil: bool) -> dict[str, Any]:
     settings = Settings(
         database_url=f"sqlite+aiosqlite:///{var}/probe.db",
         admin_key="sk-admin-probe",
@@ -79,13 +103,16 @@ async def gateway(var: Path, spoil: bool) -> dict[str, float]:
         log_level="warning",
     )
     app = create_app(settings)
+    before = set(os_threads())
     async with AsyncTestClient(app, timeout=120) as client:
         await _serve_some(client)
         services = app.state.services
         if spoil:
             await asyncio.to_thread(lambda: torch.ones(1 << 22).sum())
         _, engine = await services.pool.target(TARGET)
-        return await services.worker.call(lambda: time_steps(engine.target))  # type: ignore[no-any-return]
+        timed = await services.worker.call(lambda: time_steps(engine.target))
+        name = services.worker.thread_name
+        return {**timed, "inference_thread": name, "foreign_pools": foreign_pools(before, name)}
 
 
 async def _serve_some(client: AsyncTestClient[Any]) -> None:
