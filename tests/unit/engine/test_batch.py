@@ -239,7 +239,41 @@ def test_draft_rows_share_every_draft_forward_and_draft_what_they_draft_alone(
         assert b.token_ids == a.token_ids
         assert (b.stats.drafted, b.stats.accepted) == (a.stats.drafted, a.stats.accepted)
     assert batch.draft_forwards < sum(r.stats.draft_forwards for r in got)
-    assert not batch.drafts  # every draft slot was given back
+    assert all(not db.members for db in batch.drafts.values())  # every slot was given back
+
+
+def test_an_idle_draft_cache_serves_the_next_wave_and_goes_when_another_draft_comes(
+    llama_lm, draft_lm, tokenizer
+) -> None:
+    """A draft's slot cache outlives its last row (no new allocation for the next request
+    that drafts with it; its stale slots change nothing) and is freed when another draft
+    needs a cache."""
+    engine = Engine(llama_lm)
+    solo = [list(engine.run(j.req, j.draft).token_ids) for j in draft_jobs(draft_lm)]
+    batch = engine.batch(8)
+    caches = []
+    for _wave in range(2):
+        assert run_rows(batch, engine, draft_jobs(draft_lm)) == solo
+        caches.append(batch.drafts[id(draft_lm)].cache)
+    assert caches[0] is caches[1]
+    other = wrap_model(draft_lm.model, tokenizer, draft_vocab=list(range(0, len(tokenizer), 2)))
+    run_rows(batch, engine, draft_jobs(other))
+    assert list(batch.drafts) == [id(other)]
+
+
+def run_rows(batch, engine: Engine, jobs: list[Job]) -> list[list[int]]:
+    rows, results, step = {}, {}, 0
+    while len(results) < len(jobs):
+        for i, job in enumerate(jobs):
+            if job.join_at == step:
+                rows[id(batch.add(engine.prepare(job.req, job.draft)))] = i
+        for row, events in batch.step():
+            for e in events:
+                assert not isinstance(e, Exception), e
+                if isinstance(e, Finished):
+                    results[rows[id(row)]] = list(e.result.token_ids)
+        step += 1
+    return [results[i] for i in range(len(jobs))]
 
 
 def test_a_draft_slot_rolls_back_rejections_per_row(llama_lm, draft_lm) -> None:
