@@ -331,10 +331,19 @@ class _Batches:
 
     def step(self) -> list[tuple[Job, list[Event]]]:
         out: list[tuple[Job, list[Event]]] = []
-        for batch in self._batches.values():
+        for key, batch in list(self._batches.items()):
             if not batch.rows:
                 continue
-            for row, events in batch.step():
+            try:
+                stepped = batch.step()
+            except Exception as exc:  # a shared forward failed (a bug, out of memory):
+                # every row of the batch ends with the error instead of the thread dying
+                # and every request hanging; the next arrival gets a fresh batch
+                del self._batches[key]
+                for row in batch.rows:
+                    out.append((self._jobs.pop(id(row)), [exc]))
+                continue
+            for row, events in stepped:
                 job = self._jobs[id(row)]
                 if row.finished:
                     del self._jobs[id(row)]

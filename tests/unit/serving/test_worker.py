@@ -126,9 +126,9 @@ async def test_decode_jobs_share_one_target_forward(tmp_path: Path, monkeypatch)
     rows_per_forward: list[int] = []
     real = scheduler.batched_forward
 
-    def spy(model, kwarg, cache, slots, tokens, device, keep_last=False):  # type: ignore[no-untyped-def]
+    def spy(model, kwarg, cache, slots, tokens, device, **kw):  # type: ignore[no-untyped-def]
         rows_per_forward.append(len(slots))
-        return real(model, kwarg, cache, slots, tokens, device, keep_last)
+        return real(model, kwarg, cache, slots, tokens, device, **kw)
 
     monkeypatch.setattr(scheduler, "batched_forward", spy)
     prompts = [(5, 6, 7), (8, 9), (10, 11, 12, 13)]
@@ -145,3 +145,43 @@ async def test_decode_jobs_share_one_target_forward(tmp_path: Path, monkeypatch)
         worker.stop()
     assert max(rows_per_forward) == 3, (rows_per_forward, [len(r.token_ids) for r in results])
     assert [r.token_ids for r in results] == [engine.run(r).token_ids for r in reqs]
+
+
+async def test_a_failing_shared_forward_ends_its_rows_and_the_worker_goes_on(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A forward that raises (a bug, out of memory) ends every row of its batch with the
+    error; the thread lives on and the next request decodes on a fresh batch."""
+    from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, load_model
+    from gateway.engine.batch import scheduler
+
+    manifest = load_manifest(tiny_models.build(tmp_path))
+    engine = Engine(load_model(manifest.targets()[0].path, device="cpu", draft_vocab=False))
+    real, calls = scheduler.batched_forward, []
+
+    def broken_once(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:  # the first decode step, after the prefill
+            raise RuntimeError("out of memory")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(scheduler, "batched_forward", broken_once)
+    req = DecodeRequest((5, 6, 7, 8), SamplingParams(temperature=0.0, max_tokens=6))
+    worker = started(max_active=8, max_batch=4)
+    try:
+
+        async def drain(job):  # type: ignore[no-untyped-def]  # bounded: a dead thread hangs
+            return await asyncio.wait_for(_collect(worker.events(job)), timeout=60)
+
+        for job in [worker.submit_decode(engine, req) for _ in range(2)]:
+            with pytest.raises(RuntimeError, match="out of memory"):
+                await drain(job)
+        events = await drain(worker.submit_decode(engine, req))
+    finally:
+        worker.stop()
+    assert isinstance(events[-1], Finished)
+    assert events[-1].result.token_ids == engine.run(req).token_ids
+
+
+async def _collect(events):  # type: ignore[no-untyped-def]
+    return [e async for e in events]
