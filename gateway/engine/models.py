@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from gateway.engine.compiled import CompiledForwards
 from gateway.engine.cpu_linear import use_weight_major_linear, weight_major_pays
 from gateway.engine.draft_head import DraftHead, build_head, read_draft_vocab
 from gateway.engine.errors import VocabularyMismatch
@@ -28,6 +29,7 @@ class LoadedModel:
     context_length: int
     eos_token_ids: tuple[int, ...]
     draft_head: DraftHead | None = None  # a reduced output head for drafting (draft_head.py)
+    compiled: CompiledForwards | None = None  # the batch path's compiled forwards (compiled.py)
 
 
 def default_device() -> torch.device:

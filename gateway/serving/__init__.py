@@ -18,7 +18,7 @@ from gateway.serving.models import ModelPool
 from gateway.serving.ratelimit import Limits, RateLimiter
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutAdmin, RolloutTraffic, RolloutView
-from gateway.serving.worker import InferenceWorker
+from gateway.serving.worker import InferenceWorker, batch_rows
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway")
@@ -78,9 +78,19 @@ async def build_services(settings: Settings) -> Services:
         kv_budget_tokens=settings.kv_budget_tokens,
     )
     worker.start()
+    compile_rows = None
+    if settings.compile:
+        os.environ.setdefault(
+            "TORCHINDUCTOR_CACHE_DIR", str(Path(settings.var_dir) / "compile-cache")
+        )
+
+        def compile_rows(context: int) -> int:
+            return batch_rows(settings.max_batch, settings.kv_budget_tokens, context)
+
     pool = ModelPool.from_manifest(
         settings.models, settings.device, settings.dtype, worker.call,
         probe_rows=settings.max_batch if settings.measure_costs else 0,
+        compile_rows=compile_rows,
     )  # fmt: skip
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)

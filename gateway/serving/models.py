@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.engine import Engine, LoadedModel, check_pair, load_model
+from gateway.engine.compiled import compiled_model
 from gateway.serving.errors import GatewayError
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
 
@@ -42,29 +43,41 @@ class ModelPool:
         dtype: str | None,
         runner: Runner,
         probe_rows: int = 0,
+        compile_rows: Callable[[int], int] | None = None,
     ) -> None:
         """probe_rows > 0: time each model's forwards for batches of up to that many rows
-        when it loads (Engine.measure_costs), so the cost model starts from measurements."""
+        when it loads (Engine.measure_costs), so the cost model starts from measurements.
+        compile_rows: compile the batch path's forwards (engine/compiled.py) for batches of
+        compile_rows(context length) rows; every draft of the manifest then loads and
+        compiles at start too, since compiling later would stall the inference thread."""
         self.manifest = manifest
         self.device = device
         self.dtype = dtype
         self._run = runner
         self.probe_rows = probe_rows
+        self.compile_rows = compile_rows
+        self._started = False
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
         self._drafts: dict[tuple[str, str], DraftHandle] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def from_manifest(
-        cls, path: str, device: str | None, dtype: str | None, runner: Runner, probe_rows: int = 0
-    ) -> ModelPool:
+        cls, path: str, device: str | None, dtype: str | None, runner: Runner,
+        probe_rows: int = 0, compile_rows: Callable[[int], int] | None = None,
+    ) -> ModelPool:  # fmt: skip
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
-        return cls(load_manifest(path), device, dtype, runner, probe_rows)
+        return cls(load_manifest(path), device, dtype, runner, probe_rows, compile_rows)
 
     async def load_targets(self) -> None:
+        """Load every target (and, when compiling, every draft) before serving."""
         for entry in self.manifest.targets():
             await self.target(entry.name)
+            if self.compile_rows is not None:
+                for version in self.draft_versions(entry.name):
+                    await self.draft(entry.name, version)
+        self._started = True
 
     # -- targets -----------------------------------------------------------------------
 
@@ -93,9 +106,32 @@ class ModelPool:
             return self._engines[name]
 
     def _load_target(self, entry: ModelEntry) -> Engine:  # on the inference thread
-        engine = Engine(load_model(str(entry.path), self.device, self.dtype, draft_vocab=False))
+        model = load_model(str(entry.path), self.device, self.dtype, draft_vocab=False)
+        engine = Engine(self._compiled(model, entry, draft=False))
         self._probe(engine, None, entry)
         return engine
+
+    def _compiled(self, model: LoadedModel, entry: ModelEntry, draft: bool) -> LoadedModel:
+        if self.compile_rows is None:
+            return model
+        if self._started:
+            log.warning(
+                "%s v%s loaded after start runs eager: compiling it now would stall every "
+                "request on the inference thread (restart to compile it)",
+                entry.name, entry.version,
+            )  # fmt: skip
+            return model
+        rows = self.compile_rows(model.context_length)
+        try:
+            fast, seconds = compiled_model(model, rows, draft, progress=log.info)
+        except Exception as exc:  # an architecture or device inductor cannot compile
+            log.warning(
+                "%s v%s runs eager: compiling its forwards failed (%s: %s)",
+                entry.name, entry.version, type(exc).__name__, exc,
+            )  # fmt: skip
+            return model
+        log.info("%s v%s compiled for %d rows in %.1f s", entry.name, entry.version, rows, seconds)
+        return fast
 
     def _probe(self, engine: Engine, draft: LoadedModel | None, entry: ModelEntry) -> None:
         if self.probe_rows <= 0:
@@ -133,6 +169,7 @@ class ModelPool:
     def _load_draft(self, entry: ModelEntry, engine: Engine) -> LoadedModel:  # inference thread
         model = load_model(str(entry.path), device=self.device, dtype=self.dtype)
         check_pair(engine.target, model)
+        model = self._compiled(model, entry, draft=True)
         self._probe(engine, model, entry)
         return model
 

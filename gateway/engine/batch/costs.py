@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gateway.engine.batch.forward import batched_forward
-from gateway.engine.batch.slots import SlotCache
+from gateway.engine.batch.slots import SlotCache, slot_pad
 from gateway.engine.models import LoadedModel, cache_kwarg
 
 WEIGHT = 0.2  # EWMA weight of a new observation
@@ -96,11 +96,14 @@ def probe(
     layers = int(model.config.num_hidden_layers)
     rows_list = sorted({row_bucket(r) for r in range(1, max_rows + 1)})
     top = rows_list[-1]
-    cache = SlotCache(layers, top, context + max(tokens))
+    if lm.compiled is None:
+        cache = SlotCache(layers, top, context + max(tokens))
+    else:  # the batch's own shapes, which the compiled graphs were built for
+        cache = SlotCache(layers, top, lm.context_length, pad=slot_pad())
     slots = [cache.take() for _ in range(top)]
     fill = [[(7 * i + j) % lm.vocab_size for j in range(context)] for i in range(top)]
     with torch.inference_mode():
-        batched_forward(model, kwarg, cache, slots, fill, dev, keep_last=True)
+        batched_forward(model, kwarg, cache, slots, fill, dev, keep_last=True, compiled=lm.compiled)
         for s in slots:
             cache.length[s] = context
         for rows in rows_list:
@@ -109,7 +112,9 @@ def probe(
                 times = []
                 for _ in range(repeats + 1):
                     t0 = time.perf_counter()
-                    batched_forward(model, kwarg, cache, slots[:rows], feed, dev)
+                    batched_forward(
+                        model, kwarg, cache, slots[:rows], feed, dev, compiled=lm.compiled
+                    )
                     _sync(dev)
                     times.append(time.perf_counter() - t0)
                 costs.means[(row_bucket(rows), t)] = statistics.median(times[1:])

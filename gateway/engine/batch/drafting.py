@@ -95,7 +95,7 @@ class DraftBatch:
         batched_forward(
             self.draft.model, self._kwarg, self.cache,
             [self.members[id(p)].slot for p, _ in fits], [ids for _, ids in fits],
-            self.draft.device, keep_last=True, backbone=True,
+            self.draft.device, keep_last=True, backbone=True, compiled=self.draft.compiled,
         )  # fmt: skip
         spent = time.perf_counter() - t0
         for p, ids in fits:
@@ -163,6 +163,7 @@ class DraftBatch:
             d.device,
             keep_last=True,
             backbone=head is not None,
+            compiled=d.compiled,
         )  # fmt: skip  [(1, V)] or [(1, H)]
         if head is not None:
             h = torch.cat(out)  # (B, H)

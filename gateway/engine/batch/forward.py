@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gateway.engine.batch.slots import SlotCache
+from gateway.engine.compiled import CompiledForwards
 
 
 def batched_forward(
@@ -26,10 +27,12 @@ def batched_forward(
     device: torch.device,
     keep_last: bool = False,
     backbone: bool = False,
+    compiled: CompiledForwards | None = None,
 ) -> list[torch.Tensor]:
     """Logits per row: (len(tokens[r]), V) each, or (1, V) of the last token with keep_last;
     with backbone, the last hidden states instead ((.., H), the output head skipped).
-    Writes each row's tokens into its slot at length[slot].. (the caller commits)."""
+    Writes each row's tokens into its slot at length[slot].. (the caller commits). With
+    `compiled`, the model's compiled forwards run the step (engine/compiled.py)."""
     b, t = len(slots), max(len(x) for x in tokens)
     starts = [cache.length[s] for s in slots]
     if any(st + len(x) > cache.capacity for st, x in zip(starts, tokens, strict=True)):
@@ -58,7 +61,11 @@ def batched_forward(
         lo = min(slots)
         cache.step_range = (lo, lo + b) if slots == list(range(lo, lo + b)) else None
     cache.step_span = span
-    out = (model.base_model if backbone else model)(
+    if compiled is not None:
+        forward = compiled.backbone if backbone else compiled.full
+    else:
+        forward = model.base_model if backbone else model
+    out = forward(
         input_ids=ids.to(device),
         attention_mask=None if mask is None else mask.to(device),
         position_ids=position_ids.to(device),

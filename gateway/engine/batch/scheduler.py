@@ -38,7 +38,7 @@ from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.drafting import DraftBatch
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.batch.kchoice import choose_batch_k
-from gateway.engine.batch.slots import SlotCache
+from gateway.engine.batch.slots import PREFILL_CHUNK, SlotCache, slot_pad
 from gateway.engine.loop import (
     NO_PROPOSAL,
     LoopConfig,
@@ -54,9 +54,7 @@ from gateway.engine.models import LoadedModel, cache_kwarg
 from gateway.engine.proposers.base import Proposal
 from gateway.engine.proposers.draft_model import DraftModelProposer
 from gateway.engine.schema import Delta, Finished
-from gateway.limits import MAX_K
 
-PREFILL_CHUNK = 128
 Event = Delta | Finished | Exception  # an Exception ends its row: the consumer raises it
 
 
@@ -98,8 +96,7 @@ class Batch:
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         layers = int(target.model.config.num_hidden_layers)
-        # pad: a step right-pads rows to the longest feed (1 + k <= 1 + MAX_K, or a chunk)
-        self.pad = max(MAX_K + 1, prefill_chunk)
+        self.pad = slot_pad(prefill_chunk)
         self.cache = SlotCache(layers, max_rows, target.context_length, pad=self.pad)
         self._kwarg = cache_kwarg(target.model)
         self.rows: list[Row] = []
@@ -211,6 +208,7 @@ class Batch:
         batched_forward(
             self.target.model, self._kwarg, self.cache, [r.slot for r, _ in group],
             [c for _, c in group], self.target.device, keep_last=True,
+            compiled=self.target.compiled,
         )  # fmt: skip
         self.forwards += 1
         drafts: dict[int, list[tuple[DraftModelProposer, list[int]]]] = {}
@@ -285,8 +283,14 @@ class Batch:
         feeds = [[row.ctx[-1], *plan.draft] for row, plan in plans]
         slots = [row.slot for row, _ in plans]
         logits = batched_forward(
-            self.target.model, self._kwarg, self.cache, slots, feeds, self.target.device
-        )  # [(n_r + 1, V)]
+            self.target.model,
+            self._kwarg,
+            self.cache,
+            slots,
+            feeds,
+            self.target.device,
+            compiled=self.target.compiled,
+        )  # fmt: skip  [(n_r + 1, V)]
         spent = time.perf_counter() - t0
         self.forwards += 1
         target_costs = self.costs.setdefault(id(self.target), ForwardCosts())

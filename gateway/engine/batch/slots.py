@@ -22,6 +22,16 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from gateway.limits import MAX_K
+
+PREFILL_CHUNK = 128  # prompt tokens a batch step prefills at most (scheduler.py)
+
+
+def slot_pad(prefill_chunk: int = PREFILL_CHUNK) -> int:
+    """Positions past a slot's capacity where a padded row's filler may land: a step
+    right-pads rows to the longest feed (1 + k <= 1 + MAX_K, or a prefill chunk)."""
+    return max(MAX_K + 1, prefill_chunk)
+
 
 class SlotLayer(CacheLayerMixin):
     """One attention layer's slot buffers; `update` writes where the cache says."""
