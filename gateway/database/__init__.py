@@ -65,13 +65,13 @@ from gateway.database.store import Database
 
 __all__ = [
     "OPERATOR_ROLES",
-    "PrincipalExists",
     "AdminEvent",
     "AuditUnavailable",
     "AuditWriter",
     "Database",
     "KeyInfo",
     "Payload",
+    "PrincipalExists",
     "RecordFilter",
     "RequestRecord",
     "TenantExists",
