@@ -63,6 +63,14 @@ class Settings:
     """Per-tenant request rate limit when the tenant's policy sets none."""
     default_tokens_per_minute: int = 200_000
     """Per-tenant token rate limit (prompt + max completion) when the policy sets none."""
+    redis_url: str | None = None
+    """Redis for the per-tenant rate limits shared by every replica (redis://host:6379/0).
+    Unset: each process keeps its own window (N replicas let up to N x the limit through)."""
+    redis_prefix: str = "gw:rl:"
+    """Prefix of the rate limiter's Redis keys (one per gateway deployment)."""
+    redis_fail_closed: bool = False
+    """Redis down: refuse inference with 503 (true) or fall back to per-replica limits
+    (false, the default: counted in gateway_ratelimit_backend_errors_total and logged)."""
     log_level: str = "info"
     """Log level of the JSON logs (debug, info, warning, error)."""
     var_dir: str = str(ROOT / "var")

@@ -14,7 +14,8 @@ from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.decisions import PolicyService
 from gateway.serving.generation import GenerationService
 from gateway.serving.models import ModelPool
-from gateway.serving.ratelimit import Limits, RateLimiter
+from gateway.serving.ratelimit import Limiter, Limits, RateLimiter
+from gateway.serving.ratelimit_redis import RedisRateLimiter
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutAdmin, RolloutTraffic, RolloutView
 from gateway.serving.worker import InferenceWorker
@@ -37,6 +38,7 @@ class Services:
     admin: AdminService
     rollouts: RolloutAdmin
     traffic: RolloutTraffic
+    limiter: Limiter
 
     async def readiness(self) -> dict[str, bool]:
         try:
@@ -56,6 +58,7 @@ class Services:
         await self.recorder.drain()
         await self.policy.stop()
         await self.writer.stop()
+        await self.limiter.close()
         await self.store.close()
 
 
@@ -86,8 +89,9 @@ async def build_services(settings: Settings) -> Services:
     limits = Limits(settings.default_requests_per_minute, settings.default_tokens_per_minute)
     policy = PolicyService(store, settings.policies, limits, choose_draft=traffic.choose)
     await policy.start()
+    limiter = make_limiter(settings)
     generation = GenerationService(
-        pool=pool, worker=worker, policy=policy, traffic=traffic, limiter=RateLimiter(),
+        pool=pool, worker=worker, policy=policy, traffic=traffic, limiter=limiter,
         recorder=recorder,
     )  # fmt: skip
     auth = Authenticator(store, bootstrap_admin_hash(settings.admin_key, settings.var_dir))
@@ -104,4 +108,14 @@ async def build_services(settings: Settings) -> Services:
         admin=AdminService(store),
         rollouts=rollouts,
         traffic=traffic,
+        limiter=limiter,
+    )
+
+
+def make_limiter(settings: Settings) -> Limiter:
+    """Redis-shared limits when GATEWAY_REDIS_URL is set, else this process's own window."""
+    if not settings.redis_url:
+        return RateLimiter()
+    return RedisRateLimiter(
+        settings.redis_url, prefix=settings.redis_prefix, fail_closed=settings.redis_fail_closed
     )
