@@ -14,7 +14,7 @@ import secrets
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -242,5 +242,19 @@ class AccountsMixin(StoreBase):
         stmt = select(POLICIES).order_by(POLICIES.c.tenant_id, POLICIES.c.version.desc())
         if tenant_id is not None:
             stmt = stmt.where(POLICIES.c.tenant_id == tenant_id)
+        async with self._read() as conn:
+            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+
+    async def latest_policies(self) -> list[dict[str, Any]]:
+        """The newest version of every tenant's document (what replicas poll for changes)."""
+        newest = (
+            select(POLICIES.c.tenant_id, func.max(POLICIES.c.version).label("version"))
+            .group_by(POLICIES.c.tenant_id)
+            .subquery()
+        )
+        stmt = select(POLICIES).join(
+            newest,
+            (POLICIES.c.tenant_id == newest.c.tenant_id) & (POLICIES.c.version == newest.c.version),
+        )
         async with self._read() as conn:
             return [dict(r) for r in (await conn.execute(stmt)).mappings()]

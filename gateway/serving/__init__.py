@@ -22,6 +22,10 @@ from gateway.serving.worker import InferenceWorker
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway")
+SYNC_S = 2.0
+"""How often each replica re-reads what other replicas change in the shared database
+(tenant policy documents, rollouts), whether or not traffic flows: a change made on one
+replica is in force on all within this plus one read."""
 
 
 @dataclass
@@ -39,6 +43,21 @@ class Services:
     rollouts: RolloutAdmin
     traffic: RolloutTraffic
     limiter: Limiter
+    sync_task: asyncio.Task[None] | None = None
+
+    def start_sync(self) -> None:
+        self.sync_task = asyncio.get_running_loop().create_task(self._sync_loop())
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_S)
+            try:
+                changed = await self.policy.refresh_policies()
+                if changed:
+                    log.info("policy documents changed elsewhere, now in force: %s", changed)
+                await self.rollouts.view.refresh()
+            except Exception as exc:  # the database may be down: keep serving what we have
+                log.warning("sync with the shared database failed: %s", exc)
 
     async def readiness(self) -> dict[str, bool]:
         try:
@@ -54,6 +73,8 @@ class Services:
 
     async def close(self) -> None:
         """Finish what was accepted: the worker's jobs, background writes, then the store."""
+        if self.sync_task is not None:
+            self.sync_task.cancel()
         await asyncio.to_thread(self.worker.stop)
         await self.recorder.drain()
         await self.policy.stop()
@@ -95,7 +116,7 @@ async def build_services(settings: Settings) -> Services:
         recorder=recorder,
     )  # fmt: skip
     auth = Authenticator(store, bootstrap_admin_hash(settings.admin_key, settings.var_dir))
-    return Services(
+    services = Services(
         settings=settings,
         store=store,
         writer=writer,
@@ -110,6 +131,8 @@ async def build_services(settings: Settings) -> Services:
         traffic=traffic,
         limiter=limiter,
     )
+    services.start_sync()
+    return services
 
 
 def make_limiter(settings: Settings) -> Limiter:

@@ -78,23 +78,34 @@ class PolicyService:
         self.choose_draft: DraftChooser = choose_draft or (lambda *_: None)
         self._refreshed = 0.0
         self._refreshing: asyncio.Task[None] | None = None
+        self._versions: dict[str, int] = {}
+        """Tenant -> version of its stored document now in force here."""
         self._rng = random.Random()
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
         activation = self.policies.load_dir(self.policy_dir)
-        applied: set[str] = set()
-        for row in await self.store.list_policies():  # newest first per tenant
-            if row["tenant_id"] == GLOBAL or row["tenant_id"] in applied:
-                continue
-            applied.add(row["tenant_id"])
-            try:
-                self.policies.put_tenant(row["tenant_id"], row["document"])
-            except PolicyError as exc:
-                log.error("stored policy for %s no longer validates: %s", row["tenant_id"], exc)
+        await self.refresh_policies()
         await self._event("gateway", "policy.activated", "bundle", activation)
         await self.refresh_history(force=True)
+
+    async def refresh_policies(self) -> list[str]:
+        """Put in force the tenant documents another replica (or an earlier run) stored
+        since this one last looked; returns the tenants whose document changed."""
+        changed = []
+        for row in await self.store.latest_policies():
+            tenant = row["tenant_id"]
+            if tenant == GLOBAL or self._versions.get(tenant, 0) >= row["version"]:
+                continue
+            self._versions[tenant] = row["version"]
+            try:
+                self.policies.put_tenant(tenant, row["document"])
+            except PolicyError as exc:
+                log.error("stored policy for %s no longer validates: %s", tenant, exc)
+                continue
+            changed.append(tenant)
+        return changed
 
     async def _event(self, actor: str, action: str, subject: str, activation: Activation) -> None:
         if activation.changed:
@@ -250,7 +261,8 @@ class PolicyService:
         except PolicyError as exc:
             raise invalid(f"invalid policy document: {exc}", "document") from None
         if activation.changed:
-            await self.store.put_policy(tenant, doc, activation.after, actor=actor)
+            row = await self.store.put_policy(tenant, doc, activation.after, actor=actor)
+            self._versions[tenant] = max(self._versions.get(tenant, 0), row["version"])
         return {"tenant": tenant, **activation.to_dict()}
 
     async def reload(self, actor: str) -> dict[str, Any]:

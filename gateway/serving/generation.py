@@ -242,7 +242,7 @@ class GenerationService:
         if gen.plan.retention_days > 0:
             payload = Payload(gen.prepared.prompt_text, completion, gen.plan.retention_days)
         await self.recorder.record(record, payload, result)  # raises when fail-closed
-        self.traffic.observe(record, result)
+        await self.traffic.observe(record, result)
         self.recorder.detach(self.policy.observe(gen.plan, result))
 
     async def refuse(
