@@ -5,12 +5,14 @@ to per-replica limits and counts it, or refuses with 503 when fail-closed)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from gateway.serving.errors import GatewayError
 from gateway.serving.ratelimit import Limits
 from gateway.serving.ratelimit_redis import RedisRateLimiter
+from tests.integration.service.harness import sqlite_gateway
 from tests.integration.service.process import free_port
 from tests.redis_util import redis_prefix_fixture, redis_url
 
@@ -77,3 +79,26 @@ async def test_redis_down_falls_back_to_local_limits_or_refuses() -> None:
         assert shut.stats.refused_unavailable == 1 and shut.stats.backend_errors == 1
     finally:
         await shut.close()
+
+
+@pytest.mark.parametrize("fail_closed", [False, True])
+async def test_a_gateway_with_redis_down_serves_on_local_limits_or_refuses(
+    tiny_manifest: Path, tmp_path: Path, fail_closed: bool
+) -> None:
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    async with sqlite_gateway(
+        tiny_manifest, tmp_path, redis_url=closed, redis_fail_closed=fail_closed
+    ) as g:
+        r = await g.complete(max_tokens=2)
+        metrics = (await g.client.get("/metrics")).text
+        if fail_closed:
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "rate_limiter_unavailable"
+            assert "gateway_ratelimit_refused_unavailable_total 1.0" in metrics
+        else:
+            assert r.status_code == 200, r.text
+            assert r.headers["x-ratelimit-limit-requests"] == "600"
+            assert "gateway_ratelimit_local_fallbacks_total 1.0" in metrics
+        assert "gateway_ratelimit_backend_errors_total 1.0" in metrics
+        records = await g.records()
+        assert records[0]["status"] == r.status_code  # refused or served, it is audited
