@@ -25,7 +25,7 @@ from gateway.database.audit.types import (
     KeyInfo,
     TenantExists,
 )
-from gateway.database.base import StoreBase, utcnow
+from gateway.database.base import POLICIES_LOCK, StoreBase, utcnow
 from gateway.database.tables import KEYS, POLICIES, TENANTS
 
 KEY_PREFIX = "sk-"
@@ -204,6 +204,7 @@ class AccountsMixin(StoreBase):
             "activated_at": utcnow(),
         }
         async with self._write() as conn:
+            await self._chain_lock(conn, POLICIES_LOCK)  # two replicas putting at once
             prev = (
                 (
                     await conn.execute(
