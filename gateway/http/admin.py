@@ -51,7 +51,7 @@ async def permitted(
     """Guard: the caller's role allows the route's permission (401/403 before any 400).
     ``self`` routes take any operator; the handler checks what it acts on."""
     auth, header = _svc(connection).auth, connection.headers.get("authorization")
-    permission = handler.opt["permission"]
+    permission = handler.opt.get("permission", "operators.read")  # OPTIONS: as before, admin
     if permission == "self":
         p = await auth.principal(header)
         if p.name is None:
