@@ -71,6 +71,18 @@ class Settings:
     redis_fail_closed: bool = False
     """Redis down: refuse inference with 503 (true) or fall back to per-replica limits
     (false, the default: counted in gateway_ratelimit_backend_errors_total and logged)."""
+    oidc_jwks: str | None = None
+    """Accept operators' OIDC / JWT bearer tokens signed by these keys: a JWKS file path or
+    an https:// URL (the identity provider's jwks_uri). Unset: API keys only."""
+    oidc_issuer: str | None = None
+    """Required ``iss`` of accepted tokens (unset: not checked)."""
+    oidc_audience: str | None = None
+    """Required ``aud`` of accepted tokens (unset: not checked)."""
+    oidc_role_claim: str = "roles"
+    """Claim holding the operator role(s); a dotted path reaches nested claims
+    (``realm_access.roles``)."""
+    oidc_name_claim: str = "sub"
+    """Claim naming the operator; audited as ``oidc:<value>``."""
     log_level: str = "info"
     """Log level of the JSON logs (debug, info, warning, error)."""
     var_dir: str = str(ROOT / "var")

@@ -14,6 +14,7 @@ from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.decisions import PolicyService
 from gateway.serving.generation import GenerationService
 from gateway.serving.models import ModelPool
+from gateway.serving.oidc import OidcConfig, OidcVerifier
 from gateway.serving.ratelimit import Limiter, Limits, RateLimiter
 from gateway.serving.ratelimit_redis import RedisRateLimiter
 from gateway.serving.recorder import Recorder
@@ -115,7 +116,9 @@ async def build_services(settings: Settings) -> Services:
         pool=pool, worker=worker, policy=policy, traffic=traffic, limiter=limiter,
         recorder=recorder,
     )  # fmt: skip
-    auth = Authenticator(store, bootstrap_admin_hash(settings.admin_key, settings.var_dir))
+    auth = Authenticator(
+        store, bootstrap_admin_hash(settings.admin_key, settings.var_dir), make_oidc(settings)
+    )
     services = Services(
         settings=settings,
         store=store,
@@ -133,6 +136,19 @@ async def build_services(settings: Settings) -> Services:
     )
     services.start_sync()
     return services
+
+
+def make_oidc(settings: Settings) -> OidcVerifier | None:
+    """Operators' identity-provider tokens when GATEWAY_OIDC_JWKS is set."""
+    if not settings.oidc_jwks:
+        return None
+    return OidcVerifier(
+        OidcConfig(
+            jwks=settings.oidc_jwks, issuer=settings.oidc_issuer,
+            audience=settings.oidc_audience, role_claim=settings.oidc_role_claim,
+            name_claim=settings.oidc_name_claim,
+        )
+    )  # fmt: skip
 
 
 def make_limiter(settings: Settings) -> Limiter:

@@ -1,5 +1,6 @@
 """Bearer keys -> principals: the bootstrap admin key, named operators' keys (with a role:
-admin, policy-author, rollout-operator, auditor), tenant keys and tenant auditor keys.
+admin, policy-author, rollout-operator, auditor), operators' OIDC tokens (oidc.py), tenant
+keys and tenant auditor keys.
 Expired keys are refused (401); each use is recorded at most once a minute.
 
 Keys are stored hashed (SHA-256); the admin key comes from GATEWAY_ADMIN_KEY or is
@@ -20,6 +21,7 @@ from gateway.database import Database
 from gateway.database import sha256_text as _sha
 from gateway.serving.commands import Principal, Role
 from gateway.serving.errors import GatewayError
+from gateway.serving.oidc import OidcVerifier, looks_like_jwt
 
 log = logging.getLogger("gateway.auth")
 
@@ -72,9 +74,10 @@ def _unknown(key: str, why: str, code: str = "invalid_api_key") -> GatewayError:
 
 
 class Authenticator:
-    def __init__(self, store: Database, admin_hash: str) -> None:
+    def __init__(self, store: Database, admin_hash: str, oidc: OidcVerifier | None = None) -> None:
         self.store = store
         self.admin_hash = admin_hash
+        self.oidc = oidc
 
     async def principal(self, authorization: str | None) -> Principal:
         if not authorization or not authorization.lower().startswith("bearer "):
@@ -86,6 +89,8 @@ class Authenticator:
         key = authorization[7:].strip()
         if hmac.compare_digest(_sha(key), self.admin_hash):
             return Principal(role="admin", tenant_id=None, key_id=BOOTSTRAP, name=BOOTSTRAP)
+        if self.oidc is not None and looks_like_jwt(key):
+            return await self.oidc.principal(key)
         try:
             info = await self.store.lookup_key(key)
         except Exception as exc:  # the database is down: refuse, never guess
