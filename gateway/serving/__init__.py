@@ -25,8 +25,8 @@ from gateway.settings import Settings
 log = logging.getLogger("gateway")
 SYNC_S = 2.0
 """How often each replica re-reads what other replicas change in the shared database
-(tenant policy documents, rollouts), whether or not traffic flows: a change made on one
-replica is in force on all within this plus one read."""
+(tenant policy documents, registered model versions, rollouts), whether or not traffic
+flows: a change made on one replica is in force on all within this plus one read."""
 
 
 @dataclass
@@ -56,6 +56,9 @@ class Services:
                 changed = await self.policy.refresh_policies()
                 if changed:
                     log.info("policy documents changed elsewhere, now in force: %s", changed)
+                added = await self.rollouts.adopt_registered()
+                if added:
+                    log.info("model versions registered elsewhere, now served: %s", added)
                 await self.rollouts.view.refresh()
             except Exception as exc:  # the database may be down: keep serving what we have
                 log.warning("sync with the shared database failed: %s", exc)

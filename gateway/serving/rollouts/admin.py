@@ -72,9 +72,18 @@ class RolloutAdmin:
         self.regression_set: str | Path | None = None
         """JSONL prompt set for the promotion gate (None = the registry's default set)."""
         self._promoting: set[str] = set()
+        self._refused: set[str] = set()
 
     async def start(self) -> None:
         """Adopt API-registered versions into the pool's manifest, then load rollouts."""
+        await self.adopt_registered()
+        await self.view.refresh()
+
+    async def adopt_registered(self) -> list[str]:
+        """Serve the versions registered through the API (here before a restart, or on
+        another replica: the path must be on a volume every replica mounts); returns the
+        ones added now. Called at start and by the services' sync loop."""
+        added = []
         rows = await self.store.list_models()
         for row in sorted(rows, key=lambda r: r["role"] != "target"):
             if self.view.entry(row["name"], row["version"]) is not None:
@@ -84,8 +93,12 @@ class RolloutAdmin:
             try:
                 self.pool.manifest = self.pool.manifest.with_entry(entry)
             except RegistryError as exc:
-                log.error("registered model %s is not served: %s", entry.key, exc)
-        await self.view.refresh()
+                if entry.key not in self._refused:
+                    self._refused.add(entry.key)
+                    log.error("registered model %s is not served: %s", entry.key, exc)
+                continue
+            added.append(entry.key)
+        return added
 
     # -- models ------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ canary judged from both replicas' traffic is rolled back once, and the audit cha
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -193,6 +194,32 @@ async def test_a_canary_judged_from_both_replicas_is_rolled_back_once(
     finally:
         await engine.dispose()
     assert replicas_seen == 2  # the guard's window held both replicas' samples
+
+
+async def test_a_version_registered_and_rolled_out_on_one_serves_on_the_other(
+    pair: list[Replica], tiny_manifest: Path, tmp_path: Path
+) -> None:
+    a, b = pair
+    key = await tenant_key(a, "versions")
+    path = shutil.copytree(tiny_manifest.parent / "tiny-draft-v1", tmp_path / "tiny-draft-v5")
+    async with httpx.AsyncClient(timeout=300) as c:
+        body = {"name": "tiny-draft", "version": "5", "role": "draft", "target": MODEL}
+        await admin(c, "POST", f"{a.url}/admin/models", {**body, "path": str(path)})
+        start = {"target": MODEL, "draft": "tiny-draft", "version": "5", "canary_percent": 100}
+        ro = await admin(c, "POST", f"{a.url}/admin/rollouts", start)
+        t0, served = time.monotonic(), None
+        while time.monotonic() - t0 < 5.0:
+            r = await c.post(
+                f"{b.url}/v1/completions",
+                **complete(key, "def g():", decoding=SPEC, max_tokens=16),
+            )
+            assert r.status_code == 200, r.text
+            served = r.headers.get("x-draft-model")
+            if served == "tiny-draft@5":
+                break
+            await asyncio.sleep(0.2)
+        assert served == "tiny-draft@5", f"b still serves {served} after 5 s"
+        await admin(c, "POST", f"{b.url}/admin/rollouts/{ro['id']}/rollback")
 
 
 async def test_the_chains_verify_after_everything(pair: list[Replica]) -> None:
