@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,8 @@ class Services:
         """Finish what was accepted: the worker's jobs, background writes, then the store."""
         if self.sync_task is not None:
             self.sync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.sync_task
         await asyncio.to_thread(self.worker.stop)
         await self.recorder.drain()
         await self.policy.stop()
