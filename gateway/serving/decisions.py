@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway.database import AdminEvent, Database
 from gateway.engine import DecodeResult
-from gateway.serving.errors import invalid
+from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.ratelimit import Limits
 from policies import (
     Activation,
@@ -36,6 +36,7 @@ from policies import (
     decide,
     update_history,
 )
+from policies.bundle import thaw
 
 log = logging.getLogger("gateway.policy")
 GLOBAL = "*"
@@ -256,12 +257,23 @@ class PolicyService:
         return {"revision": bundle.revision, "version": bundle.version, "bundle": bundle.to_dict()}
 
     async def put_tenant(self, tenant: str, doc: dict[str, Any], actor: str) -> dict[str, Any]:
+        previous = self.policies.active.tenants.get(tenant)
         try:
             activation = self.policies.put_tenant(tenant, doc)
         except PolicyError as exc:
             raise invalid(f"invalid policy document: {exc}", "document") from None
         if activation.changed:
-            row = await self.store.put_policy(tenant, doc, activation.after, actor=actor)
+            try:
+                row = await self.store.put_policy(tenant, doc, activation.after, actor=actor)
+            except Exception as exc:  # not stored: not in force here either (replicas agree)
+                if previous is None:
+                    self.policies.remove_tenant(tenant)
+                else:
+                    self.policies.put_tenant(tenant, thaw(previous))
+                raise GatewayError(
+                    "unavailable", "the policy store is unavailable; the document was not "
+                    "activated", code="database_unavailable", retry_after=2,
+                ) from exc  # fmt: skip
             self._versions[tenant] = max(self._versions.get(tenant, 0), row["version"])
         return {"tenant": tenant, **activation.to_dict()}
 
