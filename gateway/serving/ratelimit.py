@@ -51,7 +51,8 @@ class LimiterStats:
     backend_errors: int = 0
     """Calls to Redis that failed (connection refused, timeout, script error)."""
     local_fallbacks: int = 0
-    """Requests admitted or settled by this replica's own window while Redis was down."""
+    """Requests limited by this replica's own window (admitted or refused) while Redis was
+    down."""
     refused_unavailable: int = 0
     """Requests refused with 503 because Redis was down (fail-closed mode)."""
 
