@@ -10,5 +10,8 @@ COPY models_registry models_registry
 COPY migrations migrations
 COPY alembic.ini ./
 RUN pip install --no-cache-dir torch==2.13.0 && pip install --no-cache-dir .
+# An unprivileged user (deploy/ runs the pods as uid 10001); var/ holds local state only.
+RUN useradd --uid 10001 --no-create-home gateway && mkdir -p /app/var && chown gateway /app/var
+USER 10001
 EXPOSE 8000
 CMD ["python", "-m", "gateway"]

@@ -24,7 +24,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         services = await build_services(settings)
-        metrics = Metrics(lambda: services.worker.depth)
+        metrics = Metrics(lambda: services.worker.depth, services.limiter.stats)
         services.recorder.listeners += [metrics.observe, log_request]
         app.state.services, app.state.metrics = services, metrics
         try:

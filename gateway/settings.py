@@ -70,6 +70,26 @@ class Settings:
     """Per-tenant request rate limit when the tenant's policy sets none."""
     default_tokens_per_minute: int = 200_000
     """Per-tenant token rate limit (prompt + max completion) when the policy sets none."""
+    redis_url: str | None = None
+    """Redis for the per-tenant rate limits shared by every replica (redis://host:6379/0).
+    Unset: each process keeps its own window (N replicas let up to N x the limit through)."""
+    redis_prefix: str = "gw:rl:"
+    """Prefix of the rate limiter's Redis keys (one per gateway deployment)."""
+    redis_fail_closed: bool = False
+    """Redis down: refuse inference with 503 (true) or fall back to per-replica limits
+    (false, the default: counted in gateway_ratelimit_backend_errors_total and logged)."""
+    oidc_jwks: str | None = None
+    """Accept operators' OIDC / JWT bearer tokens signed by these keys: a JWKS file path or
+    an https:// URL (the identity provider's jwks_uri). Unset: API keys only."""
+    oidc_issuer: str | None = None
+    """Required ``iss`` of accepted tokens (unset: not checked)."""
+    oidc_audience: str | None = None
+    """Required ``aud`` of accepted tokens (unset: not checked)."""
+    oidc_role_claim: str = "roles"
+    """Claim holding the operator role(s); a dotted path reaches nested claims
+    (``realm_access.roles``)."""
+    oidc_name_claim: str = "sub"
+    """Claim naming the operator; audited as ``oidc:<value>``."""
     log_level: str = "info"
     """Log level of the JSON logs (debug, info, warning, error)."""
     var_dir: str = str(ROOT / "var")

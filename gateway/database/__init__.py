@@ -21,6 +21,11 @@ Public API (the service layer codes against these names)::
     lookup_key(plaintext) -> KeyInfo | None / list_keys(tenant_id=None)
     put_policy(tenant_id, document, revision=None, *, actor) / active_policy(tenant_id)
     list_policies(tenant_id=None)
+    # named operators and keys (gateway.database.operators)
+    create_principal(name, role, *, actor, expires_at) -> (row, key_id, "sk-...")
+    create_operator_key(name, *, actor, expires_at) / list_principals() / get_principal(name)
+    disable_principal(name, *, actor) / rotate_key(key_id, grace, *, actor, expires_at)
+    touch_key(key_id, last_used_at)
     # acceptance history (gateway.database.history); models, rollouts (gateway.database.rollouts)
     put_acceptance(tenant_id, proposer, draft_version, *, ewma_acceptance, ewma_c, samples)
     get_acceptance(tenant_id, proposer, draft_version) / list_acceptance(tenant_id=None)
@@ -29,6 +34,8 @@ Public API (the service layer codes against these names)::
     create_rollout(*, target, draft, version, baseline_version, canary_percent, sticky, guard,
                    state, reason, actor) / update_rollout(id, *, actor, **changes)
     get_rollout(id) / list_rollouts(*, target, draft, state)
+    update_rollout(id, *, actor, expect_state=...) (compare-and-set)
+    add_rollout_sample(rollout_id, arm, ...) / rollout_samples(rollout_id, arm, window)
 
     writer = AuditWriter(store, max_batch=64, max_delay_ms=5)
     await writer.start(); rid = await writer.write(record, payload); await writer.stop()
@@ -41,6 +48,7 @@ CLI: ``python -m gateway.database {export,verify,summary,purge,upgrade}``.
 
 from gateway.database.audit.chain import format_datetime
 from gateway.database.audit.types import (
+    OPERATOR_ROLES,
     AdminEvent,
     AuditUnavailable,
     KeyInfo,
@@ -52,15 +60,18 @@ from gateway.database.audit.types import (
     sha256_text,
 )
 from gateway.database.audit.writer import AuditWriter
+from gateway.database.operators import PrincipalExists
 from gateway.database.store import Database
 
 __all__ = [
+    "OPERATOR_ROLES",
     "AdminEvent",
     "AuditUnavailable",
     "AuditWriter",
     "Database",
     "KeyInfo",
     "Payload",
+    "PrincipalExists",
     "RecordFilter",
     "RequestRecord",
     "TenantExists",

@@ -11,13 +11,21 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from gateway.database.audit.types import KEY_ROLES, AdminEvent, KeyInfo, TenantExists
-from gateway.database.base import StoreBase, utcnow
+from gateway.database.audit.types import (
+    KEY_ROLES,
+    OPERATOR_ROLES,
+    AdminEvent,
+    KeyInfo,
+    TenantExists,
+)
+from gateway.database.base import POLICIES_LOCK, StoreBase, utcnow
 from gateway.database.tables import KEYS, POLICIES, TENANTS
 
 KEY_PREFIX = "sk-"
@@ -71,12 +79,22 @@ class AccountsMixin(StoreBase):
     # -- API keys --------------------------------------------------------------------------
 
     async def create_key(
-        self, tenant_id: str | None, role: str, *, actor: str | None = None
+        self,
+        tenant_id: str | None,
+        role: str,
+        *,
+        actor: str | None = None,
+        principal: str | None = None,
+        expires_at: datetime | None = None,
+        action: str = "key.created",
+        conn: AsyncConnection | None = None,
     ) -> tuple[str, str]:
         """Issue a key; returns ``(key_id, plaintext)``. The plaintext (``sk-...``) is shown
         once: only its SHA-256 and a display prefix are stored. ``role`` is ``tenant``
-        (requires an existing tenant) or ``auditor`` (``tenant_id`` may be None)."""
-        if role not in KEY_ROLES:
+        (requires an existing tenant) or ``auditor`` (``tenant_id`` may be None); an
+        operator key names its ``principal`` and carries the principal's role. ``conn``: run
+        inside the caller's write transaction."""
+        if role not in (OPERATOR_ROLES if principal else KEY_ROLES):
             raise ValueError(f"unknown key role {role!r}")
         if role == "tenant" and tenant_id is None:
             raise ValueError("a tenant key needs a tenant_id")
@@ -90,24 +108,33 @@ class AccountsMixin(StoreBase):
             "prefix": plaintext[:10],
             "created_at": utcnow(),
             "revoked_at": None,
+            "principal": principal,
+            "expires_at": expires_at,
         }
-        async with self._write() as conn:
-            if tenant_id is not None:
-                found = await conn.execute(select(TENANTS.c.id).where(TENANTS.c.id == tenant_id))
-                if found.first() is None:
-                    raise LookupError(f"no tenant {tenant_id!r}")
-            await conn.execute(KEYS.insert().values(**row))
-            if actor is not None:
-                after = {
-                    "id": key_id,
-                    "tenant_id": tenant_id,
-                    "role": role,
-                    "prefix": row["prefix"],
-                }
-                await self._append_event(
-                    conn, AdminEvent(actor, "key.created", key_id, None, after)
-                )
+        if conn is not None:
+            await self._insert_key(conn, row, actor, action)
+        else:
+            async with self._write() as conn:
+                await self._insert_key(conn, row, actor, action)
         return key_id, plaintext
+
+    async def _insert_key(
+        self, conn: AsyncConnection, row: dict[str, Any], actor: str | None, action: str
+    ) -> None:
+        tenant_id = row["tenant_id"]
+        if tenant_id is not None:
+            found = await conn.execute(select(TENANTS.c.id).where(TENANTS.c.id == tenant_id))
+            if found.first() is None:
+                raise LookupError(f"no tenant {tenant_id!r}")
+        await conn.execute(KEYS.insert().values(**row))
+        if actor is not None:
+            keep = ("id", "tenant_id", "role", "prefix")
+            after = {k: row[k] for k in keep}
+            if row["principal"]:
+                after["principal"] = row["principal"]
+            if row["expires_at"]:
+                after["expires_at"] = row["expires_at"].isoformat()
+            await self._append_event(conn, AdminEvent(actor, action, row["id"], None, after))
 
     async def revoke_key(self, key_id: str, *, actor: str | None = None) -> bool:
         """Revoke; False when the key does not exist or was already revoked."""
@@ -128,23 +155,33 @@ class AccountsMixin(StoreBase):
 
     async def lookup_key(self, plaintext: str) -> KeyInfo | None:
         """The key a presented secret belongs to (revoked ones too: check ``revoked``)."""
-        stmt = select(KEYS.c.id, KEYS.c.tenant_id, KEYS.c.role, KEYS.c.revoked_at).where(
-            KEYS.c.key_hash == hash_key(plaintext)
-        )
+        cols = ("id", "tenant_id", "role", "revoked_at", "principal", "expires_at", "last_used_at")
+        stmt = select(*(KEYS.c[c] for c in cols)).where(KEYS.c.key_hash == hash_key(plaintext))
         async with self._read() as conn:
             row = (await conn.execute(stmt)).first()
         if row is None:
             return None
         return KeyInfo(
-            id=row.id, tenant_id=row.tenant_id, role=row.role, revoked=row.revoked_at is not None
+            id=row.id,
+            tenant_id=row.tenant_id,
+            role=row.role,
+            revoked=row.revoked_at is not None,
+            principal=row.principal,
+            expires_at=row.expires_at,
+            last_used_at=row.last_used_at,
         )
 
-    async def list_keys(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
-        """Keys without their hashes (id, tenant_id, role, prefix, created_at, revoked_at)."""
+    async def list_keys(
+        self, tenant_id: str | None = None, *, principal: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Keys without their hashes (id, tenant_id, role, prefix, principal, created_at,
+        last_used_at, expires_at, revoked_at)."""
         cols = [c for c in KEYS.c if c.name != "key_hash"]
         stmt = select(*cols).order_by(KEYS.c.created_at, KEYS.c.id)
         if tenant_id is not None:
             stmt = stmt.where(KEYS.c.tenant_id == tenant_id)
+        if principal is not None:
+            stmt = stmt.where(KEYS.c.principal == principal)
         async with self._read() as conn:
             return [dict(r) for r in (await conn.execute(stmt)).mappings()]
 
@@ -167,6 +204,7 @@ class AccountsMixin(StoreBase):
             "activated_at": utcnow(),
         }
         async with self._write() as conn:
+            await self._chain_lock(conn, POLICIES_LOCK)  # two replicas putting at once
             prev = (
                 (
                     await conn.execute(
@@ -205,5 +243,19 @@ class AccountsMixin(StoreBase):
         stmt = select(POLICIES).order_by(POLICIES.c.tenant_id, POLICIES.c.version.desc())
         if tenant_id is not None:
             stmt = stmt.where(POLICIES.c.tenant_id == tenant_id)
+        async with self._read() as conn:
+            return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+
+    async def latest_policies(self) -> list[dict[str, Any]]:
+        """The newest version of every tenant's document (what replicas poll for changes)."""
+        newest = (
+            select(POLICIES.c.tenant_id, func.max(POLICIES.c.version).label("version"))
+            .group_by(POLICIES.c.tenant_id)
+            .subquery()
+        )
+        stmt = select(POLICIES).join(
+            newest,
+            (POLICIES.c.tenant_id == newest.c.tenant_id) & (POLICIES.c.version == newest.c.version),
+        )
         async with self._read() as conn:
             return [dict(r) for r in (await conn.execute(stmt)).mappings()]

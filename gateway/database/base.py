@@ -28,6 +28,7 @@ from gateway.database.tables import EVENTS
 #: pg_advisory_xact_lock keys serializing "read last hash + insert" per chain.
 RECORDS_LOCK = 0x61756469745F72  # "audit_r"
 EVENTS_LOCK = 0x61756469745F65  # "audit_e"
+POLICIES_LOCK = 0x706F6C696379  # "policy": "read the newest version + insert the next"
 
 
 def utcnow() -> datetime:

@@ -4,6 +4,11 @@ production runs ``python -m gateway.database upgrade`` or ``alembic upgrade head
 The async variants share one async engine connection with Alembic (``config.attributes
 ["connection"]``, read by ``migrations/env.py``); the sync ones are safe to call whether or
 not an event loop is running.
+
+Replicas that start together may all run ``upgrade head``: on PostgreSQL each takes
+``pg_advisory_xact_lock(MIGRATION_LOCK)`` in the migration's transaction first, so one
+migrates and the others wait, then find the database at head and do nothing (SQLite: the
+first DDL statement takes the database's write lock).
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from gateway.database.base import make_engine
 
 DEFAULT_URL = "sqlite+aiosqlite:///var/gateway.db"
+MIGRATION_LOCK = 0x6D6967726174  # "migrat": one migrating replica at a time
 
 
 def migrations_dir() -> Path:
@@ -48,6 +55,8 @@ async def _with_connection(url: str, fn: Callable[[Config], None]) -> None:
     engine = make_engine(url)
     try:
         async with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # held until this transaction commits
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
 
             def run(sync_conn: Connection) -> None:
                 cfg = alembic_config(url)

@@ -15,6 +15,7 @@ from sqlalchemy import insert, select, update
 from gateway.database.audit.types import AdminEvent
 from gateway.database.base import StoreBase, utcnow
 from gateway.database.tables import MODELS, ROLLOUTS
+from gateway.database.tables_shared import SAMPLES
 
 _ROLLOUT_FIELDS = frozenset({"state", "canary_percent", "sticky", "guard", "reason"})
 
@@ -133,10 +134,12 @@ class RolloutsMixin(StoreBase):
         return row
 
     async def update_rollout(
-        self, id: int, *, actor: str | None = None, **changes: Any
+        self, id: int, *, actor: str | None = None, expect_state: str | None = None, **changes: Any
     ) -> dict[str, Any] | None:
         """Change ``state``, ``canary_percent``, ``sticky``, ``guard`` and/or ``reason``;
-        returns the new row, or None when ``id`` does not exist."""
+        returns the new row, or None when ``id`` does not exist or (``expect_state``) is no
+        longer in that state: a compare-and-set, so that of several replicas acting on one
+        guard verdict exactly one changes the row and writes the event."""
         unknown = set(changes) - _ROLLOUT_FIELDS
         if unknown:
             raise ValueError(f"cannot update rollout fields {sorted(unknown)}")
@@ -146,7 +149,11 @@ class RolloutsMixin(StoreBase):
             if old is None:
                 return None
             values = {**changes, "updated_at": utcnow()}
-            await conn.execute(update(ROLLOUTS).where(ROLLOUTS.c.id == id).values(**values))
+            stmt = update(ROLLOUTS).where(ROLLOUTS.c.id == id)
+            if expect_state is not None:  # row-locked: a second writer re-checks after us
+                stmt = stmt.where(ROLLOUTS.c.state == expect_state)
+            if (await conn.execute(stmt.values(**values))).rowcount != 1:
+                return None
             new = {**dict(old), **values}
             if actor is not None:
                 state = changes.get("state")
@@ -173,3 +180,35 @@ class RolloutsMixin(StoreBase):
                 stmt = stmt.where(ROLLOUTS.c[col] == value)
         async with self._read() as conn:
             return [dict(r) for r in (await conn.execute(stmt)).mappings()]
+
+    # -- pooled arm samples ------------------------------------------------------------------
+
+    async def add_rollout_sample(
+        self, rollout_id: int, arm: str, *, drafted: int, accepted: int, tokens: int,
+        decode_seconds: float, replica: str,
+    ) -> None:  # fmt: skip
+        """One request an arm served (any replica)."""
+        values = {
+            "rollout_id": rollout_id, "arm": arm, "drafted": int(drafted),
+            "accepted": int(accepted), "tokens": int(tokens),
+            "decode_seconds": float(decode_seconds), "replica": replica, "created_at": utcnow(),
+        }  # fmt: skip
+        async with self._write() as conn:
+            await conn.execute(insert(SAMPLES).values(**values))
+
+    async def rollout_samples(
+        self, rollout_id: int, arm: str, window: int = 0
+    ) -> list[dict[str, Any]]:
+        """The arm's samples, oldest first: the newest ``window`` (0 = all)."""
+        stmt = (
+            select(
+                SAMPLES.c.drafted, SAMPLES.c.accepted, SAMPLES.c.tokens, SAMPLES.c.decode_seconds
+            )
+            .where(SAMPLES.c.rollout_id == rollout_id, SAMPLES.c.arm == arm)
+            .order_by(SAMPLES.c.id.desc())
+        )
+        if window:
+            stmt = stmt.limit(window)
+        async with self._read() as conn:
+            rows = [dict(r) for r in (await conn.execute(stmt)).mappings()]
+        return rows[::-1]

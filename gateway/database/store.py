@@ -2,7 +2,8 @@
 
 - the audit log (gateway.database.audit): request records and admin events in hash chains,
   appends, verification, compliance queries, the batching writer;
-- accounts (accounts.py): tenants, API keys, tenant policy documents;
+- accounts (accounts.py): tenants, API keys, tenant policy documents; named operators and
+  key rotation (operators.py);
 - rollouts (rollouts.py): registered model versions and draft rollouts;
 - history (history.py): the policy engine's acceptance history.
 
@@ -14,16 +15,16 @@ from __future__ import annotations
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.database.accounts import AccountsMixin
 from gateway.database.audit.queries import QueryMixin
 from gateway.database.audit.records import AuditMixin
 from gateway.database.audit.types import AuditUnavailable
 from gateway.database.base import make_engine
 from gateway.database.history import HistoryMixin
+from gateway.database.operators import OperatorsMixin
 from gateway.database.rollouts import RolloutsMixin
 
 
-class Database(AuditMixin, QueryMixin, AccountsMixin, RolloutsMixin, HistoryMixin):
+class Database(AuditMixin, QueryMixin, OperatorsMixin, RolloutsMixin, HistoryMixin):
     """The gateway's database. Create with :meth:`connect`; all methods are coroutines."""
 
     @classmethod

@@ -271,7 +271,7 @@ class ApiKeyRow(Base):
     tenant_id: Mapped[str | None] = mapped_column(String(64), ForeignKey("tenants.id"))
     """Owning tenant; null for auditor keys that span tenants."""
     role: Mapped[str] = mapped_column(String(16))
-    """tenant | auditor."""
+    """tenant | auditor, or an operator key's role (admin, policy-author, rollout-operator)."""
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     """Hex SHA-256 of the plaintext secret."""
     prefix: Mapped[str] = mapped_column(String(16))
@@ -280,6 +280,13 @@ class ApiKeyRow(Base):
     """When issued (UTC)."""
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     """When revoked; null while valid."""
+    principal: Mapped[str | None] = mapped_column(String(64))
+    """The named operator (``principals.name``) an operator key belongs to; null for tenant
+    and tenant-auditor keys (revision 0003)."""
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    """When the key stops working (401); null: never. Rotation sets it to the grace end."""
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    """Last successful authentication, to the minute (written at most once a minute)."""
 
 
 class AcceptanceStatsRow(Base):

@@ -103,6 +103,49 @@ class PolicyResolve(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     request: RequestFeatures | UnsetType | None = UNSET
 
 
+MAX_LIFETIME_S = 10 * 365 * 86_400
+MAX_GRACE_S = 30 * 86_400
+ExpiresIn = (
+    Annotated[
+        int, Meta(ge=1, le=MAX_LIFETIME_S, description="Seconds until the key expires (401).")
+    ]
+    | UnsetType
+    | None
+)
+
+
+class OperatorCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A named operator and its first key (shown once)."""
+
+    name: Annotated[
+        str,
+        Meta(
+            pattern="^[a-z0-9][a-z0-9._-]{0,63}$",
+            description="Unique name; the actor of the admin events it causes.",
+        ),
+    ]
+    role: Annotated[
+        Literal["admin", "policy-author", "rollout-operator", "auditor"],
+        Meta(description="What the operator may do (README: named operators)."),
+    ]
+    expires_in_s: ExpiresIn = UNSET
+
+
+class OperatorKeyCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Another key for an operator (shown once)."""
+
+    expires_in_s: ExpiresIn = UNSET
+
+
+class KeyRotate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Issue a successor key; the old one keeps working for the grace period."""
+
+    grace_s: Annotated[
+        int, Meta(ge=0, le=MAX_GRACE_S, description="Seconds the old key stays valid (0: now).")
+    ] = 3600
+    expires_in_s: ExpiresIn = UNSET
+
+
 POLICY_DOCUMENT = (
     "A tenant's policy document (a JSON object): any subset of the default bundle's keys, "
     "deep-merged over it and checked against policies/schema.py; unknown keys are refused."

@@ -53,7 +53,7 @@ def _time(value: str | None, name: str) -> datetime | None:
 
 def _filter(q: FilterQuery, who: Principal) -> RecordFilter:
     tenant = q.tenant
-    if who.role == "auditor":
+    if who.tenant_id is not None:  # a tenant auditor key
         if tenant not in (None, who.tenant_id):
             raise GatewayError(
                 "permission",
@@ -183,9 +183,11 @@ async def events(
     limit: Limit = "100",
 ) -> dict[str, Any]:
     who = await _who(request)
-    if who.role != "admin":
+    if who.tenant_id is not None:
         raise GatewayError(
-            "permission", "admin events are readable with the admin key only", code="forbidden"
+            "permission",
+            "admin events are readable by operators (admin, auditor) only",
+            code="forbidden",
         )
     rows, nxt = await _svc(request).store.events(
         since=_time(since, "since"),

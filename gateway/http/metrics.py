@@ -7,14 +7,34 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 
 
+class LimiterCollector(Collector):
+    """The rate limiter's plain counters (gateway.serving.ratelimit.LimiterStats)."""
+
+    def __init__(self, stats: Any) -> None:
+        self.stats = stats
+
+    def collect(self) -> Any:
+        names = {
+            "backend_errors": "Calls to the shared limiter's Redis that failed",
+            "local_fallbacks": "Requests limited by this replica's own window (Redis down)",
+            "refused_unavailable": "Requests refused because Redis was down (fail-closed)",
+        }
+        for name, doc in names.items():
+            yield CounterMetricFamily(f"gateway_ratelimit_{name}", doc, getattr(self.stats, name))
+
+
 class Metrics:
-    def __init__(self, queue_depth: Callable[[], float]) -> None:
+    def __init__(self, queue_depth: Callable[[], float], limiter_stats: Any = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        if limiter_stats is not None:
+            r.register(LimiterCollector(limiter_stats))
         self.requests = Counter(
             "gateway_requests",
             "Requests by endpoint, status and mode",

@@ -268,6 +268,13 @@ class TenantCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class KeyCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     role: Literal["tenant", "auditor"] = "tenant"
+    expires_in_s: (
+        Annotated[
+            int,
+            Meta(ge=1, le=10 * 365 * 86_400, description="Seconds until the key expires."),
+        ]
+        | None
+    ) = None
 
 
 _AT = re.compile(r" - at `(?:key` in `)?\$\.?(?P<path>[^`]*)`$")

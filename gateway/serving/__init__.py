@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -15,13 +16,19 @@ from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.decisions import PolicyService
 from gateway.serving.generation import GenerationService
 from gateway.serving.models import ModelPool
-from gateway.serving.ratelimit import Limits, RateLimiter
+from gateway.serving.oidc import OidcConfig, OidcVerifier
+from gateway.serving.ratelimit import Limiter, Limits, RateLimiter
+from gateway.serving.ratelimit_redis import RedisRateLimiter
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutAdmin, RolloutTraffic, RolloutView
 from gateway.serving.worker import InferenceWorker, batch_rows
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway")
+SYNC_S = 2.0
+"""How often each replica re-reads what other replicas change in the shared database
+(tenant policy documents, registered model versions, rollouts), whether or not traffic
+flows: a change made on one replica is in force on all within this plus one read."""
 
 
 @dataclass
@@ -38,6 +45,25 @@ class Services:
     admin: AdminService
     rollouts: RolloutAdmin
     traffic: RolloutTraffic
+    limiter: Limiter
+    sync_task: asyncio.Task[None] | None = None
+
+    def start_sync(self) -> None:
+        self.sync_task = asyncio.get_running_loop().create_task(self._sync_loop())
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_S)
+            try:
+                changed = await self.policy.refresh_policies()
+                if changed:
+                    log.info("policy documents changed elsewhere, now in force: %s", changed)
+                added = await self.rollouts.adopt_registered()
+                if added:
+                    log.info("model versions registered elsewhere, now served: %s", added)
+                await self.rollouts.view.refresh()
+            except Exception as exc:  # the database may be down: keep serving what we have
+                log.warning("sync with the shared database failed: %s", exc)
 
     async def readiness(self) -> dict[str, bool]:
         try:
@@ -53,10 +79,15 @@ class Services:
 
     async def close(self) -> None:
         """Finish what was accepted: the worker's jobs, background writes, then the store."""
+        if self.sync_task is not None:
+            self.sync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.sync_task
         await asyncio.to_thread(self.worker.stop)
         await self.recorder.drain()
         await self.policy.stop()
         await self.writer.stop()
+        await self.limiter.close()
         await self.store.close()
 
 
@@ -101,12 +132,15 @@ async def build_services(settings: Settings) -> Services:
     limits = Limits(settings.default_requests_per_minute, settings.default_tokens_per_minute)
     policy = PolicyService(store, settings.policies, limits, choose_draft=traffic.choose)
     await policy.start()
+    limiter = make_limiter(settings)
     generation = GenerationService(
-        pool=pool, worker=worker, policy=policy, traffic=traffic, limiter=RateLimiter(),
+        pool=pool, worker=worker, policy=policy, traffic=traffic, limiter=limiter,
         recorder=recorder,
     )  # fmt: skip
-    auth = Authenticator(store, bootstrap_admin_hash(settings.admin_key, settings.var_dir))
-    return Services(
+    auth = Authenticator(
+        store, bootstrap_admin_hash(settings.admin_key, settings.var_dir), make_oidc(settings)
+    )
+    services = Services(
         settings=settings,
         store=store,
         writer=writer,
@@ -119,4 +153,29 @@ async def build_services(settings: Settings) -> Services:
         admin=AdminService(store),
         rollouts=rollouts,
         traffic=traffic,
+        limiter=limiter,
+    )
+    services.start_sync()
+    return services
+
+
+def make_oidc(settings: Settings) -> OidcVerifier | None:
+    """Operators' identity-provider tokens when GATEWAY_OIDC_JWKS is set."""
+    if not settings.oidc_jwks:
+        return None
+    return OidcVerifier(
+        OidcConfig(
+            jwks=settings.oidc_jwks, issuer=settings.oidc_issuer,
+            audience=settings.oidc_audience, role_claim=settings.oidc_role_claim,
+            name_claim=settings.oidc_name_claim,
+        )
+    )  # fmt: skip
+
+
+def make_limiter(settings: Settings) -> Limiter:
+    """Redis-shared limits when GATEWAY_REDIS_URL is set, else this process's own window."""
+    if not settings.redis_url:
+        return RateLimiter()
+    return RedisRateLimiter(
+        settings.redis_url, prefix=settings.redis_prefix, fail_closed=settings.redis_fail_closed
     )

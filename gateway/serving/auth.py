@@ -1,4 +1,7 @@
-"""Bearer keys -> principals: the bootstrap admin key, tenant keys and auditor keys.
+"""Bearer keys -> principals: the bootstrap admin key, named operators' keys (with a role:
+admin, policy-author, rollout-operator, auditor), operators' OIDC tokens (oidc.py), tenant
+keys and tenant auditor keys.
+Expired keys are refused (401); each use is recorded at most once a minute.
 
 Keys are stored hashed (SHA-256); the admin key comes from GATEWAY_ADMIN_KEY or is
 generated on first start, printed once, and only its hash is kept on disk.
@@ -7,15 +10,20 @@ generated on first start, printed once, and only its hash is kept on disk.
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast, get_args
 
 from gateway.database import Database
 from gateway.database import sha256_text as _sha
-from gateway.serving.commands import Principal
+from gateway.serving.commands import Principal, Role
 from gateway.serving.errors import GatewayError
+from gateway.serving.oidc import OidcVerifier, looks_like_jwt
+
+log = logging.getLogger("gateway.auth")
 
 
 def bootstrap_admin_hash(admin_key: str | None, var_dir: str) -> str:
@@ -38,10 +46,38 @@ def bootstrap_admin_hash(admin_key: str | None, var_dir: str) -> str:
     return _sha(key)
 
 
+Permission = Literal[
+    "tenants.read", "tenants.write", "operators.read", "operators.write",
+    "policies.read", "policies.write", "rollouts.read", "rollouts.write", "audit.read",
+]  # fmt: skip
+ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
+    "admin": frozenset(get_args(Permission)),
+    "policy-author": frozenset({"policies.read", "policies.write", "tenants.read"}),
+    "rollout-operator": frozenset({"rollouts.read", "rollouts.write", "policies.read"}),
+    "auditor": frozenset({"audit.read", "policies.read", "rollouts.read", "tenants.read"}),
+}
+"""What each operator role may do. Tenant keys (and tenant-scoped auditor keys, which read
+their own tenant's records only) have none of these."""
+BOOTSTRAP = "admin"
+"""The principal the bootstrap key (GATEWAY_ADMIN_KEY) acts as."""
+
+
+def allows(p: Principal, permission: Permission) -> bool:
+    if p.tenant_id is not None or p.role == "tenant":
+        return False
+    return permission in ROLE_PERMISSIONS.get(p.role, frozenset())
+
+
+def _unknown(key: str, why: str, code: str = "invalid_api_key") -> GatewayError:
+    shown = key[:6] + "..." + key[-4:] if len(key) > 12 else "***"
+    return GatewayError("authentication", f"Incorrect API key provided: {shown}. {why}", code=code)
+
+
 class Authenticator:
-    def __init__(self, store: Database, admin_hash: str) -> None:
+    def __init__(self, store: Database, admin_hash: str, oidc: OidcVerifier | None = None) -> None:
         self.store = store
         self.admin_hash = admin_hash
+        self.oidc = oidc
 
     async def principal(self, authorization: str | None) -> Principal:
         if not authorization or not authorization.lower().startswith("bearer "):
@@ -52,7 +88,9 @@ class Authenticator:
             )
         key = authorization[7:].strip()
         if hmac.compare_digest(_sha(key), self.admin_hash):
-            return Principal(role="admin", tenant_id=None, key_id="admin")
+            return Principal(role="admin", tenant_id=None, key_id=BOOTSTRAP, name=BOOTSTRAP)
+        if self.oidc is not None and looks_like_jwt(key):
+            return await self.oidc.principal(key)
         try:
             info = await self.store.lookup_key(key)
         except Exception as exc:  # the database is down: refuse, never guess
@@ -63,25 +101,42 @@ class Authenticator:
                 retry_after=2,
             ) from exc
         if info is None or info.revoked:
-            shown = key[:6] + "..." + key[-4:] if len(key) > 12 else "***"
-            raise GatewayError(
-                "authentication",
-                f"Incorrect API key provided: {shown}. The key is unknown or revoked.",
-                code="invalid_api_key",
+            raise _unknown(key, "The key is unknown or revoked.")
+        if info.expires_at is not None and info.expires_at <= datetime.now(UTC):
+            raise _unknown(
+                key, f"The key expired at {info.expires_at.isoformat()}.", "expired_api_key"
             )
-        role: Literal["auditor", "tenant"] = "auditor" if info.role == "auditor" else "tenant"
-        return Principal(role=role, tenant_id=info.tenant_id, key_id=info.id)
+        try:
+            await self.store.touch_key(info.id, info.last_used_at)
+        except Exception as exc:  # last use is informative: never refuse a valid key for it
+            log.warning("could not record the use of key %s: %s", info.id, exc)
+        if info.principal is not None:
+            role = cast(Role, info.role)
+            return Principal(role=role, tenant_id=None, key_id=info.id, name=info.principal)
+        tenant_role: Literal["auditor", "tenant"] = (
+            "auditor" if info.role == "auditor" else "tenant"
+        )
+        return Principal(role=tenant_role, tenant_id=info.tenant_id, key_id=info.id)
 
-    async def admin(self, authorization: str | None) -> Principal:
+    async def require(self, authorization: str | None, permission: Permission) -> Principal:
+        """The caller, when its role allows ``permission`` (401 without a valid key, 403
+        when the role does not allow it)."""
         p = await self.principal(authorization)
-        if p.role != "admin":
-            raise GatewayError("permission", "this endpoint needs the admin key", code="forbidden")
+        if not allows(p, permission):
+            who = f"the {p.role} role" if p.name else f"a {p.role} key"
+            raise GatewayError(
+                "permission", f"{who} may not do this (needs {permission})", code="forbidden"
+            )
         return p
 
+    async def admin(self, authorization: str | None) -> Principal:
+        return await self.require(authorization, "operators.write")
+
     async def auditor(self, authorization: str | None) -> Principal:
-        """The admin (all tenants) or an auditor key (its own tenant only)."""
+        """An operator allowed audit.read (all tenants) or a tenant auditor key (its own
+        tenant only)."""
         p = await self.principal(authorization)
-        if p.role not in ("admin", "auditor"):
+        if not (allows(p, "audit.read") or (p.role == "auditor" and p.tenant_id is not None)):
             raise GatewayError(
                 "permission", "the audit API needs an auditor or the admin key", code="forbidden"
             )

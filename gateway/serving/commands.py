@@ -15,6 +15,7 @@ __all__ = [
     "Generate",
     "Principal",
     "RequestMeta",
+    "Role",
     "SamplingParams",
     "ToolSpec",
     "Tools",
@@ -23,13 +24,23 @@ __all__ = [
 Endpoint = Literal["chat.completions", "completions"]
 
 
+Role = Literal["admin", "policy-author", "rollout-operator", "auditor", "tenant"]
+
+
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the admin, a tenant inference key, or a tenant auditor key."""
+    """Who is calling: a named operator (the bootstrap key is the operator ``admin``), a
+    tenant inference key, or a tenant auditor key (role auditor with its tenant_id)."""
 
-    role: Literal["admin", "tenant", "auditor"]
+    role: Role
     tenant_id: str | None
     key_id: str | None
+    name: str | None = None
+    """The operator's name (None for tenant keys): the actor of the admin events it causes."""
+
+    @property
+    def actor(self) -> str:
+        return self.name or self.key_id or "unknown"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway.database import AdminEvent, Database
 from gateway.engine import DecodeResult
-from gateway.serving.errors import invalid
+from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.ratelimit import Limits
 from policies import (
     Activation,
@@ -36,6 +36,7 @@ from policies import (
     decide,
     update_history,
 )
+from policies.bundle import thaw
 
 log = logging.getLogger("gateway.policy")
 GLOBAL = "*"
@@ -78,23 +79,34 @@ class PolicyService:
         self.choose_draft: DraftChooser = choose_draft or (lambda *_: None)
         self._refreshed = 0.0
         self._refreshing: asyncio.Task[None] | None = None
+        self._versions: dict[str, int] = {}
+        """Tenant -> version of its stored document now in force here."""
         self._rng = random.Random()
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
         activation = self.policies.load_dir(self.policy_dir)
-        applied: set[str] = set()
-        for row in await self.store.list_policies():  # newest first per tenant
-            if row["tenant_id"] == GLOBAL or row["tenant_id"] in applied:
-                continue
-            applied.add(row["tenant_id"])
-            try:
-                self.policies.put_tenant(row["tenant_id"], row["document"])
-            except PolicyError as exc:
-                log.error("stored policy for %s no longer validates: %s", row["tenant_id"], exc)
+        await self.refresh_policies()
         await self._event("gateway", "policy.activated", "bundle", activation)
         await self.refresh_history(force=True)
+
+    async def refresh_policies(self) -> list[str]:
+        """Put in force the tenant documents another replica (or an earlier run) stored
+        since this one last looked; returns the tenants whose document changed."""
+        changed = []
+        for row in await self.store.latest_policies():
+            tenant = row["tenant_id"]
+            if tenant == GLOBAL or self._versions.get(tenant, 0) >= row["version"]:
+                continue
+            self._versions[tenant] = row["version"]
+            try:
+                self.policies.put_tenant(tenant, row["document"])
+            except PolicyError as exc:
+                log.error("stored policy for %s no longer validates: %s", tenant, exc)
+                continue
+            changed.append(tenant)
+        return changed
 
     async def _event(self, actor: str, action: str, subject: str, activation: Activation) -> None:
         if activation.changed:
@@ -245,12 +257,24 @@ class PolicyService:
         return {"revision": bundle.revision, "version": bundle.version, "bundle": bundle.to_dict()}
 
     async def put_tenant(self, tenant: str, doc: dict[str, Any], actor: str) -> dict[str, Any]:
+        previous = self.policies.active.tenants.get(tenant)
         try:
             activation = self.policies.put_tenant(tenant, doc)
         except PolicyError as exc:
             raise invalid(f"invalid policy document: {exc}", "document") from None
         if activation.changed:
-            await self.store.put_policy(tenant, doc, activation.after, actor=actor)
+            try:
+                row = await self.store.put_policy(tenant, doc, activation.after, actor=actor)
+            except Exception as exc:  # not stored: not in force here either (replicas agree)
+                if previous is None:
+                    self.policies.remove_tenant(tenant)
+                else:
+                    self.policies.put_tenant(tenant, thaw(previous))
+                raise GatewayError(
+                    "unavailable", "the policy store is unavailable; the document was not "
+                    "activated", code="database_unavailable", retry_after=2,
+                ) from exc  # fmt: skip
+            self._versions[tenant] = max(self._versions.get(tenant, 0), row["version"])
         return {"tenant": tenant, **activation.to_dict()}
 
     async def reload(self, actor: str) -> dict[str, Any]:

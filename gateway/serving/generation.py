@@ -36,7 +36,7 @@ from gateway.serving.errors import STATUS_OF_KIND, GatewayError, invalid
 from gateway.serving.models import DraftHandle, ModelPool
 from gateway.serving.outcome import Outcome
 from gateway.serving.prepare import Prepared, prepare
-from gateway.serving.ratelimit import Quota, RateLimiter, Ticket
+from gateway.serving.ratelimit import Limiter, Quota, Ticket
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutTraffic
 from gateway.serving.tool_output import ParsedCall, check_calls, read_calls
@@ -195,7 +195,7 @@ class GenerationService:
         worker: InferenceWorker,
         policy: PolicyService,
         traffic: RolloutTraffic,
-        limiter: RateLimiter,
+        limiter: Limiter,
         recorder: Recorder,
     ) -> None:
         self.pool = pool
@@ -215,7 +215,9 @@ class GenerationService:
             tenant, prepared.features, self.pool.draft_versions(prepared.entry.name),
             preferred, self._load(prepared),
         )  # fmt: skip
-        quota, ticket = self._admit(tenant, plan, prepared, cmd.n)  # 5. the tenant's rate limits
+        quota, ticket = await self._admit(
+            tenant, plan, prepared, cmd.n
+        )  # 5. the tenant's rate limits
         draft, choices = await self._run(cmd, prepared, plan, ticket)  # 6. queue the runs
         return Generation(
             meta, principal, cmd, prepared, plan, quota, ticket, draft, choices, self
@@ -224,7 +226,7 @@ class GenerationService:
     async def finish(self, gen: Generation, outcome: Outcome) -> None:
         """7. The one way back, in order: limits, audit record, rollout guard, history."""
         result = gen.result
-        self.limiter.settle(
+        await self.limiter.settle(
             gen.ticket, len(gen.prompt_ids) + (len(result.token_ids) if result else 0)
         )
         completion = gen.completion_text
@@ -240,7 +242,7 @@ class GenerationService:
         if gen.plan.retention_days > 0:
             payload = Payload(gen.prepared.prompt_text, completion, gen.plan.retention_days)
         await self.recorder.record(record, payload, result)  # raises when fail-closed
-        self.traffic.observe(record, result)
+        await self.traffic.observe(record, result)
         self.recorder.detach(self.policy.observe(gen.plan, result))
 
     async def refuse(
@@ -277,9 +279,11 @@ class GenerationService:
         self.recorder.check_writable()
         return principal.tenant_id
 
-    def _admit(self, tenant: str, plan: Plan, prepared: Prepared, n: int) -> tuple[Quota, Ticket]:
+    async def _admit(
+        self, tenant: str, plan: Plan, prepared: Prepared, n: int
+    ) -> tuple[Quota, Ticket]:
         budget = len(prepared.prompt_ids) + prepared.max_tokens * n
-        quota, ticket = self.limiter.admit(tenant, plan.limits, budget)
+        quota, ticket = await self.limiter.admit(tenant, plan.limits, budget)
         if not quota.allowed:
             raise GatewayError(
                 "rate_limited",
@@ -329,19 +333,19 @@ class GenerationService:
                 job = self.worker.submit_decode(prepared.engine, request, model)
                 choices.append(Choice(i, job, grammar))
         except Overloaded as exc:
-            self._abandon(choices, ticket)
+            await self._abandon(choices, ticket)
             raise GatewayError(
                 "overloaded", str(exc), code="overloaded", retry_after=exc.retry_after
             ) from exc
         except BaseException:
-            self._abandon(choices, ticket)
+            await self._abandon(choices, ticket)
             raise
         return draft, choices
 
-    def _abandon(self, choices: list[Choice], ticket: Ticket) -> None:
+    async def _abandon(self, choices: list[Choice], ticket: Ticket) -> None:
         for c in choices:
             c.job.cancelled.set()
-        self.limiter.settle(ticket, 0)
+        await self.limiter.settle(ticket, 0)
 
 
 def _k_prior(plan: Plan) -> KPrior | None:

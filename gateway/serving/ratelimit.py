@@ -1,7 +1,10 @@
-"""Per-tenant requests/min and tokens/min limits: a sliding 60-second window in memory.
+"""Per-tenant requests/min and tokens/min limits over a sliding 60-second window.
 
 Tokens are charged at admission as prompt tokens + the completion budget, then settled
-to the tokens actually used when the request ends.
+to the tokens actually used when the request ends. `RateLimiter` keeps the window in this
+process (the default: with several replicas each enforces the limit on its own share, so
+N replicas let up to N x the limit through); `ratelimit_redis.RedisRateLimiter` keeps it
+in Redis, shared by every replica.
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 WINDOW_S = 60.0
 
 
-Ticket = list[float] | None
-"""What admit() charged, for settle() to correct (None: nothing charged)."""
+Ticket = Any
+"""What admit() charged, for settle() to correct (None: nothing charged); each limiter
+knows its own tickets."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,29 @@ class Quota:
     retry_after_s: int = 0
 
 
+@dataclass
+class LimiterStats:
+    """Counters of the shared limiter's backend (plain data; http/metrics exports them)."""
+
+    backend_errors: int = 0
+    """Calls to Redis that failed (connection refused, timeout, script error)."""
+    local_fallbacks: int = 0
+    """Requests limited by this replica's own window (admitted or refused) while Redis was
+    down."""
+    refused_unavailable: int = 0
+    """Requests refused with 503 because Redis was down (fail-closed mode)."""
+
+
+class Limiter(Protocol):
+    stats: LimiterStats
+
+    async def admit(self, tenant: str, limits: Limits, tokens: int) -> tuple[Quota, Ticket]: ...
+
+    async def settle(self, ticket: Ticket, tokens_used: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class _Window:
     def __init__(self) -> None:
         self.requests: deque[float] = deque()
@@ -56,8 +84,9 @@ class RateLimiter:
         self._windows: dict[str, _Window] = {}
         self._lock = threading.Lock()
         self._now = time.monotonic
+        self.stats = LimiterStats()
 
-    def admit(self, tenant: str, limits: Limits, tokens: int) -> tuple[Quota, Ticket]:
+    async def admit(self, tenant: str, limits: Limits, tokens: int) -> tuple[Quota, Ticket]:
         """Charge one request and ``tokens``; returns the quota and a ticket for settle()."""
         now = self._now()
         with self._lock:
@@ -90,7 +119,10 @@ class RateLimiter:
             )
             return quota, ticket
 
-    def settle(self, ticket: Ticket, tokens_used: int) -> None:
-        if ticket is not None:
+    async def settle(self, ticket: Ticket, tokens_used: int) -> None:
+        if isinstance(ticket, list):
             with self._lock:
                 ticket[1] = float(tokens_used)
+
+    async def close(self) -> None:
+        return None

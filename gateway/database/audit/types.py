@@ -17,6 +17,8 @@ REQUESTED_MODES = frozenset({"auto", "speculative", "standard"})
 PROPOSERS = frozenset({"draft", "prompt_lookup", "prediction"})
 CONSTRAINTS = frozenset({"none", "json_object", "json_schema", "tools", "logit_bias"})
 KEY_ROLES = frozenset({"tenant", "auditor"})
+OPERATOR_ROLES = frozenset({"admin", "policy-author", "rollout-operator", "auditor"})
+"""Roles of named operators (principals); what each may do is gateway.serving.auth's."""
 
 
 class AuditUnavailable(Exception):
@@ -169,6 +171,10 @@ class KeyInfo:
     tenant_id: str | None
     role: str
     revoked: bool
+    principal: str | None = None
+    """The named operator owning the key (None: a tenant or tenant-auditor key)."""
+    expires_at: datetime | None = None
+    last_used_at: datetime | None = None
 
 
 @dataclass(frozen=True)

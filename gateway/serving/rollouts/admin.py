@@ -72,9 +72,18 @@ class RolloutAdmin:
         self.regression_set: str | Path | None = None
         """JSONL prompt set for the promotion gate (None = the registry's default set)."""
         self._promoting: set[str] = set()
+        self._refused: set[str] = set()
 
     async def start(self) -> None:
         """Adopt API-registered versions into the pool's manifest, then load rollouts."""
+        await self.adopt_registered()
+        await self.view.refresh()
+
+    async def adopt_registered(self) -> list[str]:
+        """Serve the versions registered through the API (here before a restart, or on
+        another replica: the path must be on a volume every replica mounts); returns the
+        ones added now. Called at start and by the services' sync loop."""
+        added = []
         rows = await self.store.list_models()
         for row in sorted(rows, key=lambda r: r["role"] != "target"):
             if self.view.entry(row["name"], row["version"]) is not None:
@@ -84,8 +93,12 @@ class RolloutAdmin:
             try:
                 self.pool.manifest = self.pool.manifest.with_entry(entry)
             except RegistryError as exc:
-                log.error("registered model %s is not served: %s", entry.key, exc)
-        await self.view.refresh()
+                if entry.key not in self._refused:
+                    self._refused.add(entry.key)
+                    log.error("registered model %s is not served: %s", entry.key, exc)
+                continue
+            added.append(entry.key)
+        return added
 
     # -- models ------------------------------------------------------------------------------
 
@@ -135,8 +148,8 @@ class RolloutAdmin:
 
     # -- rollouts ----------------------------------------------------------------------------
 
-    def _view(self, r: Rollout) -> dict[str, Any]:
-        canary, baseline = self.traffic.arm_stats(r)
+    async def _view(self, r: Rollout) -> dict[str, Any]:
+        canary, baseline = await self.traffic.arm_stats(r)
         return {
             **r.to_dict(),
             "canary": _arm_view(canary),
@@ -187,7 +200,7 @@ class RolloutAdmin:
         self.view.rollouts[r.id] = r
         self.view.seen[r.id] = row["updated_at"]
         await self.view.set_status(entry, "canary", actor)
-        return self._view(r)
+        return await self._view(r)
 
     def baseline_for(self, target: str, draft: str, version: str) -> str | None:
         """What serves the draft's traffic now: the last promoted version, else the version the
@@ -200,7 +213,8 @@ class RolloutAdmin:
 
     async def list(self) -> list[dict[str, Any]]:
         await self.view.refresh()
-        return [self._view(r) for r in sorted(self.view.rollouts.values(), key=lambda r: int(r.id))]
+        rollouts = sorted(self.view.rollouts.values(), key=lambda r: int(r.id))
+        return [await self._view(r) for r in rollouts]
 
     async def _get(self, rollout_id: str) -> Rollout:
         await self.view.refresh()
@@ -210,7 +224,7 @@ class RolloutAdmin:
         return r
 
     async def get(self, rollout_id: str) -> dict[str, Any]:
-        return self._view(await self._get(rollout_id))
+        return await self._view(await self._get(rollout_id))
 
     async def act(self, rollout_id: str, action: str, actor: str) -> dict[str, Any]:
         r = await self._get(rollout_id)
@@ -229,7 +243,7 @@ class RolloutAdmin:
             await self.view.finish_rollback(new, actor)
         else:
             await self.view.save(new, actor, state=new.state.value, reason=new.reason)
-        return self._view(new)
+        return await self._view(new)
 
     async def _promote(self, r: Rollout, actor: str) -> dict[str, Any]:
         rl.transition(r, RolloutState.PROMOTED, "")  # refuse an illegal move before the gate runs
@@ -257,7 +271,7 @@ class RolloutAdmin:
         old = self.view.entry(r.draft, r.baseline_version) if r.baseline_version else None
         if old is not None:
             await self.view.set_status(old, "retired", actor)
-        return {**self._view(new), "gate": asdict(verdict)}
+        return {**(await self._view(new)), "gate": asdict(verdict)}
 
     async def run_regression(self, target: str, draft: LoadedModel) -> reg.GateVerdict:
         """Greedy standard vs speculative on every regression prompt, on the inference worker."""

@@ -1,8 +1,9 @@
 """The rollouts as this replica sees them: an in-memory view of the database's rows.
 
 Rollout state lives in the database (``rollouts`` rows, admin events through ``actor=``);
-the view reloads it at start, before admin reads and every few seconds while traffic
-flows, so replicas and restarts agree. Both the per-request part (traffic.py) and the
+the view reloads it at start, before admin reads, every ``REFRESH_S`` while traffic flows
+and from the services' sync loop (gateway.serving.sync), so replicas and restarts agree
+within a few seconds. Both the per-request part (traffic.py) and the
 admin part (admin.py) read and write rollouts through here.
 """
 
@@ -112,9 +113,27 @@ class RolloutView:
             (e for e in self.pool.manifest.entries if e.name == name and e.version == version), None
         )
 
-    async def finish_rollback(self, r: Rollout, actor: str) -> None:
-        await self.save(r, actor, state=r.state.value, reason=r.reason)
+    async def finish_rollback(
+        self, r: Rollout, actor: str, *, expect_state: str | None = None
+    ) -> bool:
+        """Write the rollback, unload the draft and mark its version registered. With
+        ``expect_state`` the write is a compare-and-set: when another replica (or an operator)
+        changed the row first, nothing is written, the view reloads the row, and False is
+        returned."""
+        row = await self.store.update_rollout(
+            int(r.id), actor=actor, expect_state=expect_state, state=r.state.value,
+            reason=r.reason,
+        )  # fmt: skip
         self.pool.unload_draft(r.draft, r.version)  # requests in flight keep their reference
+        if row is None and expect_state is not None:
+            self.rollouts.pop(r.id, None)
+            self.seen.pop(r.id, None)
+            await self.refresh()
+            return False
+        if row is not None:
+            self.seen[r.id] = row["updated_at"]
+        self.rollouts[r.id] = r
         entry = self.entry(r.draft, r.version)
         if entry is not None:
             await self.set_status(entry, "registered", actor)
+        return True

@@ -20,7 +20,8 @@ from gateway.database.tables import Base
 ROOT = Path(__file__).resolve().parents[3]
 TABLES = {
     "audit_records", "audit_payloads", "admin_events", "tenants", "api_keys",
-    "acceptance_stats", "model_versions", "rollouts", "policy_documents",
+    "acceptance_stats", "model_versions", "rollouts", "policy_documents", "principals",
+    "rollout_samples",
 }  # fmt: skip
 
 
@@ -83,4 +84,4 @@ def test_alembic_cli_reads_url_from_x_argument(tmp_path: Path) -> None:
         [*alembic, "upgrade", "head"], check=True, env=env, cwd=ROOT, capture_output=True
     )
     out = subprocess.run([*alembic, "current"], check=True, env=env, cwd=ROOT, capture_output=True)
-    assert b"0002 (head)" in out.stdout
+    assert b"0003_principals (head)" in out.stdout

@@ -31,6 +31,9 @@ BODIES = {
         {"target", "draft", "version", "canary_percent"},
     ),
     ("put", "/admin/policies/tenants/{tenant_id}"): (None, set()),  # a free-form object
+    ("post", "/admin/operators"): ("OperatorCreate", {"name", "role"}),
+    ("post", "/admin/operators/{name}/keys"): ("OperatorKeyCreate", set()),
+    ("post", "/admin/keys/{key_id}/rotate"): ("KeyRotate", set()),
 }
 BODYLESS = {("post", "/admin/policies/reload"), ("post", "/admin/rollouts/{rollout_id}/{action}")}
 FILTERS = {
