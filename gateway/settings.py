@@ -63,6 +63,12 @@ class Settings:
     """Per-tenant request rate limit when the tenant's policy sets none."""
     default_tokens_per_minute: int = 200_000
     """Per-tenant token rate limit (prompt + max completion) when the policy sets none."""
+    metrics_key: str | None = None
+    """Bearer key that /metrics requires (Prometheus's ``authorization`` credentials); the
+    admin key is accepted too. Unset: /metrics is open. Set it where the network is shared:
+    the metrics name tenants."""
+    console: bool = True
+    """Serve the operator console at /console (static pages over the JSON API)."""
     log_level: str = "info"
     """Log level of the JSON logs (debug, info, warning, error)."""
     var_dir: str = str(ROOT / "var")

@@ -17,6 +17,7 @@ from gateway.serving.models import ModelPool
 from gateway.serving.ratelimit import Limits, RateLimiter
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutAdmin, RolloutTraffic, RolloutView
+from gateway.serving.tracing import Tracing
 from gateway.serving.worker import InferenceWorker
 from gateway.settings import Settings
 
@@ -37,6 +38,7 @@ class Services:
     admin: AdminService
     rollouts: RolloutAdmin
     traffic: RolloutTraffic
+    tracing: Tracing
 
     async def readiness(self) -> dict[str, bool]:
         try:
@@ -59,9 +61,12 @@ class Services:
         await self.store.close()
 
 
-async def build_services(settings: Settings) -> Services:
+async def build_services(settings: Settings, tracing: Tracing | None = None) -> Services:
+    """``tracing``: the spans to make (default none, see serving/tracing.py)."""
+    tracing = tracing or Tracing(None)
     Path(settings.var_dir).mkdir(parents=True, exist_ok=True)
     store = await Database.connect(settings.database_url, upgrade=settings.migrate_on_start)
+    tracing.instrument_database(store.engine.sync_engine)
     writer = AuditWriter(store)
     await writer.start()
     # The worker's thread is the only one that touches torch: it loads the models too.
@@ -88,7 +93,7 @@ async def build_services(settings: Settings) -> Services:
     await policy.start()
     generation = GenerationService(
         pool=pool, worker=worker, policy=policy, traffic=traffic, limiter=RateLimiter(),
-        recorder=recorder,
+        recorder=recorder, tracing=tracing,
     )  # fmt: skip
     auth = Authenticator(store, bootstrap_admin_hash(settings.admin_key, settings.var_dir))
     return Services(
@@ -104,4 +109,5 @@ async def build_services(settings: Settings) -> Services:
         admin=AdminService(store),
         rollouts=rollouts,
         traffic=traffic,
+        tracing=tracing,
     )

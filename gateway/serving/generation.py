@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 from gateway.database import Payload
 from gateway.engine import (
@@ -40,6 +41,7 @@ from gateway.serving.ratelimit import Quota, RateLimiter, Ticket
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutTraffic
 from gateway.serving.tool_output import ParsedCall, check_calls, read_calls
+from gateway.serving.tracing import RunTimings, Tracing
 from gateway.serving.worker import InferenceWorker, Job, Overloaded
 from policies import Decision, Load
 
@@ -117,12 +119,20 @@ class Generation:
 
     def headers(self) -> dict[str, str]:
         h = {
-            "x-request-id": self.meta.request_id,
+            **self.meta_headers(self.meta),
             "x-decision-id": self.plan.decision.decision_id,
             "x-decoding-mode": self.mode,
         }
         if self.draft_label:
             h["x-draft-model"] = self.draft_label
+        return h
+
+    @staticmethod
+    def meta_headers(meta: RequestMeta) -> dict[str, str]:
+        """The headers every answer carries, refusals too: request id and trace id."""
+        h = {"x-request-id": meta.request_id}
+        if meta.trace_id is not None:
+            h["x-trace-id"] = meta.trace_id
         return h
 
     async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
@@ -197,7 +207,9 @@ class GenerationService:
         traffic: RolloutTraffic,
         limiter: RateLimiter,
         recorder: Recorder,
+        tracing: Tracing | None = None,
     ) -> None:
+        self.tracing = tracing or Tracing(None)
         self.pool = pool
         self.worker = worker
         self.policy = policy
@@ -208,13 +220,17 @@ class GenerationService:
     async def start(self, principal: Principal, meta: RequestMeta, cmd: Generate) -> Generation:
         tenant = self._authorize(principal)  # 1. a tenant key; the audit store writable
         prepared = await prepare(self.pool, cmd)  # 2. prompt, budget, grammar, features
-        preferred = self.traffic.choose(  # 3. the rollout's draft version, if any
-            cmd.model, meta.request_id, tenant, self.policy.allows_draft_version(tenant)
-        )
-        plan = self.policy.decide(  # 4. mode, proposer, draft version, k, limits
-            tenant, prepared.features, self.pool.draft_versions(prepared.entry.name),
-            preferred, self._load(prepared),
-        )  # fmt: skip
+        with self.tracing.span("gateway.policy.decide") as span:
+            preferred = self.traffic.choose(  # 3. the rollout's draft version, if any
+                cmd.model, meta.request_id, tenant, self.policy.allows_draft_version(tenant)
+            )
+            load = self._load(prepared)
+            plan = self.policy.decide(  # 4. mode, proposer, draft version, k, limits
+                tenant, prepared.features, self.pool.draft_versions(prepared.entry.name),
+                preferred, load,
+            )  # fmt: skip
+            if span is not None:
+                self.tracing.decision(span, self._decision_attributes(plan, prepared, load))
         quota, ticket = self._admit(tenant, plan, prepared, cmd.n)  # 5. the tenant's rate limits
         draft, choices = await self._run(cmd, prepared, plan, ticket)  # 6. queue the runs
         return Generation(
@@ -239,7 +255,12 @@ class GenerationService:
         payload = None
         if gen.plan.retention_days > 0:
             payload = Payload(gen.prepared.prompt_text, completion, gen.plan.retention_days)
-        await self.recorder.record(record, payload, result)  # raises when fail-closed
+        jobs = [c.job for c in gen.choices]
+        self.tracing.run(jobs, [c.result.stats if c.result else None for c in gen.choices])
+        with self.tracing.span("gateway.audit.write", {"gateway.request_id": record.request_id}):
+            await self.recorder.record(  # raises when fail-closed
+                record, payload, result, timings=RunTimings.of_jobs(jobs)
+            )
         self.traffic.observe(record, result)
         self.recorder.detach(self.policy.observe(gen.plan, result))
 
@@ -270,6 +291,33 @@ class GenerationService:
             verify_cost=cost.verify if cost is not None else (),
             draft_c=MappingProxyType(draft_c),
         )  # fmt: skip
+
+    def _decision_attributes(self, plan: Plan, prepared: Prepared, load: Load) -> dict[str, Any]:
+        """The decision span's attributes: what decided, never the request's text."""
+        d = plan.decision
+        draft = None
+        if d.draft_version is not None:
+            names = [
+                e.name for e in self.pool.manifest.drafts_for(prepared.entry.name)
+                if e.version == d.draft_version
+            ]  # fmt: skip
+            draft = f"{names[0]}@{d.draft_version}" if names else d.draft_version
+        return {
+            "gateway.decision.id": d.decision_id,
+            "gateway.policy.revision": d.policy_revision,
+            "gateway.decision.mode": d.mode,
+            "gateway.decision.requested_mode": d.requested_mode,
+            "gateway.decision.auto_outcome": d.auto_outcome,
+            "gateway.decision.proposer": d.proposer,
+            "gateway.decision.draft": draft,
+            "gateway.decision.k_min": d.k_min,
+            "gateway.decision.k_max": d.k_max,
+            "gateway.decision.rule_ids": tuple(d.rule_ids),
+            "gateway.decision.reason_codes": tuple(d.reason_codes),
+            "gateway.decision.batch_rows": load.batch_rows,
+            "gateway.decision.queue_depth": load.queue_depth,
+            "gateway.target": f"{prepared.entry.name}@{prepared.entry.version}",
+        }
 
     def _authorize(self, principal: Principal) -> str:
         if principal.role != "tenant" or principal.tenant_id is None:
