@@ -9,22 +9,25 @@ not the product API."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from litestar import Request, Response, get
+import msgspec
+from litestar import Request, Response, get, post
 from litestar.static_files import create_static_files_router
 
 from gateway.http.live import BUCKET_S, LiveSeries
 from gateway.serving import Services
 from gateway.serving.errors import GatewayError, invalid
 
-STATIC = Path(__file__).resolve().parent / "console"
+STATIC = Path(__file__).resolve().parent / "console_static"
 SECURITY_HEADERS = {
-    # Everything the page needs is served from here: no CDN, no inline script.
+    # Everything the page needs is served from here: no CDN, no inline script (inline
+    # styles are allowed: uPlot positions its legend and cursor with them).
     "content-security-policy": (
-        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-        "connect-src 'self'; frame-ancestors 'none'"
+        "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+        "script-src 'self'; connect-src 'self'; frame-ancestors 'none'"
     ),
     "x-content-type-options": "nosniff",
     "referrer-policy": "no-referrer",
@@ -79,6 +82,37 @@ async def live(request: Request[Any, Any, Any]) -> dict[str, Any]:
     }
 
 
+@get("/console/api/tenants/{tenant_id:str}/keys", include_in_schema=False)
+async def tenant_keys(request: Request[Any, Any, Any], tenant_id: str) -> dict[str, Any]:
+    """Admin key: a tenant's keys (id, role, prefix, created, revoked), never a secret."""
+    svc = _svc(request)
+    await svc.auth.admin(request.headers.get("authorization"))
+    rows = await svc.store.list_keys(tenant_id)
+    return {"data": [{k: _iso(v) for k, v in row.items()} for row in rows]}
+
+
+@post("/console/api/policy/validate", status_code=200, include_in_schema=False)
+async def validate_policy(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Admin key: ``{"tenant", "document"}`` checked as PUT /admin/policies/tenants/{id}
+    would check it, without activating or storing it."""
+    svc = _svc(request)
+    await svc.auth.admin(request.headers.get("authorization"))
+    try:
+        body = msgspec.json.decode(await request.body())
+    except msgspec.DecodeError as exc:
+        raise invalid(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict) or set(body) != {"tenant", "document"}:
+        raise invalid('send {"tenant": "<id>", "document": {...}}', "tenant")
+    tenant, document = body["tenant"], body["document"]
+    if not isinstance(tenant, str) or not isinstance(document, dict):
+        raise invalid("tenant must be a string and document a JSON object", "document")
+    return svc.policy.validate_tenant(tenant, document)
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
 static = create_static_files_router(
     path="/console/static",
     directories=[STATIC],
@@ -86,4 +120,4 @@ static = create_static_files_router(
     name="console-static",
 )
 
-ROUTES = [console_page, whoami, live, static]
+ROUTES = [console_page, whoami, live, tenant_keys, validate_policy, static]
