@@ -70,11 +70,12 @@ def browser_page(profile: Path) -> Iterator[Any]:
             context.close()
 
 
-def screenshot(page: Any, name: str, tmp: Path) -> Path:
+def screenshot(page: Any, name: str, tmp: Path, *, full_page: bool = False) -> Path:
     """Save a screenshot under ``tmp``; with CONSOLE_SCREENSHOTS=<dir> also there (how
-    docs/console/*.png are made)."""
+    docs/console/*.png are made). The toast is hidden first."""
     path = tmp / f"{name}.png"
-    page.screenshot(path=str(path), full_page=False)
+    page.evaluate("document.getElementById('toast').hidden = true")
+    page.screenshot(path=str(path), full_page=full_page)
     target = os.environ.get("CONSOLE_SCREENSHOTS")
     if target:
         Path(target).mkdir(parents=True, exist_ok=True)

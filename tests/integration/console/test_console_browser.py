@@ -126,7 +126,7 @@ def test_admin_runs_a_canary_end_to_end(server: Server, tmp_path: Path) -> None:
         )
         assert all(n > 0 for n in series_counts(page, "#ro-chart-acceptance"))
         assert page.query_selector("#ro-chart-tps canvas") is not None
-        screenshot(page, "rollouts", tmp_path)
+        screenshot(page, "rollouts", tmp_path, full_page=True)
 
         # -- roll it back, with a confirmation ------------------------------------------
         accept_next_dialog(page, dialogs)
@@ -159,7 +159,7 @@ def test_admin_runs_a_canary_end_to_end(server: Server, tmp_path: Path) -> None:
         assert re.fullmatch(r"[0-9a-f]{32}", trace_id), trace_id
         reasons = page.text_content("#record-reasons") or ""
         assert "override_honoured" in reasons
-        screenshot(page, "audit", tmp_path)
+        screenshot(page, "audit", tmp_path, full_page=True)
         by_trace = httpx.get(
             f"{url}/audit/records", params={"trace_id": trace_id}, headers=ADMIN
         ).json()["data"]
