@@ -128,6 +128,25 @@ async def test_one_trace_per_request_with_its_spans(
         assert _text_in_spans(list(spans), text.strip()) == []
 
 
+async def test_a_stream_is_one_trace_too(
+    tiny_manifest: Path, tmp_path: Path, exporter: InMemorySpanExporter
+) -> None:
+    async with sqlite_gateway(tiny_manifest, tmp_path, tracer_provider=_provider(exporter)) as gw:
+        r = await gw.chat(max_tokens=6, temperature=0, stream=True)
+        assert r.status_code == 200 and "data: [DONE]" in r.text
+        trace_id = r.headers["x-trace-id"]
+        rows = await gw.records(trace_id=trace_id)
+        assert [x["request_id"] for x in rows] == [r.headers["x-request-id"]]
+    names = _by_name(list(exporter.get_finished_spans()), int(trace_id, 16))
+    assert {
+        "gateway.auth",
+        "gateway.policy.decide",
+        "gateway.decode",
+        "gateway.audit.write",
+    } <= set(names)
+    assert names["gateway.decode"][0].attributes["gateway.decode.tokens"] == 6
+
+
 async def test_refused_request_is_traced_and_audited(
     tiny_manifest: Path, tmp_path: Path, exporter: InMemorySpanExporter
 ) -> None:
