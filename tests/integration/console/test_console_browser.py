@@ -128,7 +128,16 @@ def test_admin_runs_a_canary_end_to_end(server: Server, tmp_path: Path) -> None:
         assert page.query_selector("#ro-chart-tps canvas") is not None
         screenshot(page, "rollouts", tmp_path, full_page=True)
 
-        # -- roll it back, with a confirmation ------------------------------------------
+        # -- pause and resume it, then roll it back, each with a confirmation -----------
+        for action, state in (("pause", "paused"), ("resume", "canary")):
+            accept_next_dialog(page, dialogs)
+            page.click(f"#rollout-list button[data-action={action}]")
+            page.wait_for_selector(f"#rollout-list [data-state={state}]")
+        assert dialogs[-2].startswith("Pause rollout") and dialogs[-1].startswith("Resume")
+        page.once("dialog", lambda d: d.dismiss())  # "no": nothing happens
+        page.click("#rollout-list button[data-action=rollback]")
+        page.wait_for_timeout(500)
+        assert page.query_selector("#rollout-list [data-state=canary]") is not None
         accept_next_dialog(page, dialogs)
         page.click("#rollout-list button[data-action=rollback]")
         page.wait_for_selector("#rollout-list [data-state=rolled_back]")
