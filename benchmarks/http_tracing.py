@@ -57,7 +57,7 @@ def span_cost_per_request() -> float:
             with tracing.span("gateway.auth") as span:
                 span.set_attributes({"gateway.role": "tenant", "gateway.tenant": "t"})
             with tracing.span("gateway.policy.decide") as span:
-                tracing.decision(span, decision)
+                span.set_attributes(decision)
             tracing.run([job], [stats])  # type: ignore[list-item]
             with tracing.span("gateway.audit.write", {"gateway.request_id": "r"}):
                 tracing.trace_id()

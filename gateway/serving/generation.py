@@ -16,7 +16,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
 
 from gateway.database import Payload
 from gateway.engine import (
@@ -41,7 +40,7 @@ from gateway.serving.ratelimit import Quota, RateLimiter, Ticket
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutTraffic
 from gateway.serving.tool_output import ParsedCall, check_calls, read_calls
-from gateway.serving.tracing import RunTimings, Tracing
+from gateway.serving.tracing import RunTimings, Tracing, decision_attributes
 from gateway.serving.worker import InferenceWorker, Job, Overloaded
 from policies import Decision, Load
 
@@ -230,7 +229,10 @@ class GenerationService:
                 preferred, load,
             )  # fmt: skip
             if span is not None:
-                self.tracing.decision(span, self._decision_attributes(plan, prepared, load))
+                drafts = self.pool.manifest.drafts_for(prepared.entry.name)
+                span.set_attributes(
+                    decision_attributes(plan.decision, load, prepared.entry, drafts)
+                )
         quota, ticket = self._admit(tenant, plan, prepared, cmd.n)  # 5. the tenant's rate limits
         draft, choices = await self._run(cmd, prepared, plan, ticket)  # 6. queue the runs
         return Generation(
@@ -291,33 +293,6 @@ class GenerationService:
             verify_cost=cost.verify if cost is not None else (),
             draft_c=MappingProxyType(draft_c),
         )  # fmt: skip
-
-    def _decision_attributes(self, plan: Plan, prepared: Prepared, load: Load) -> dict[str, Any]:
-        """The decision span's attributes: what decided, never the request's text."""
-        d = plan.decision
-        draft = None
-        if d.draft_version is not None:
-            names = [
-                e.name for e in self.pool.manifest.drafts_for(prepared.entry.name)
-                if e.version == d.draft_version
-            ]  # fmt: skip
-            draft = f"{names[0]}@{d.draft_version}" if names else d.draft_version
-        return {
-            "gateway.decision.id": d.decision_id,
-            "gateway.policy.revision": d.policy_revision,
-            "gateway.decision.mode": d.mode,
-            "gateway.decision.requested_mode": d.requested_mode,
-            "gateway.decision.auto_outcome": d.auto_outcome,
-            "gateway.decision.proposer": d.proposer,
-            "gateway.decision.draft": draft,
-            "gateway.decision.k_min": d.k_min,
-            "gateway.decision.k_max": d.k_max,
-            "gateway.decision.rule_ids": tuple(d.rule_ids),
-            "gateway.decision.reason_codes": tuple(d.reason_codes),
-            "gateway.decision.batch_rows": load.batch_rows,
-            "gateway.decision.queue_depth": load.queue_depth,
-            "gateway.target": f"{prepared.entry.name}@{prepared.entry.version}",
-        }
 
     def _authorize(self, principal: Principal) -> str:
         if principal.role != "tenant" or principal.tenant_id is None:

@@ -24,7 +24,7 @@ Configuration (read once at start, see README "Tracing"):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -148,10 +148,6 @@ class Tracing:
         ctx = trace.get_current_span().get_span_context()
         return format(ctx.trace_id, "032x") if ctx.is_valid else None
 
-    def decision(self, span: trace.Span | None, attributes: Mapping[str, Any]) -> None:
-        if span is not None:
-            span.set_attributes(_clean(attributes))
-
     def run(self, jobs: list[Job], stats: list[Any]) -> None:
         """The queue, prefill and decode spans of each choice's row, from the worker's
         stamps (children of the current span), with the engine's counters."""
@@ -190,6 +186,34 @@ class Tracing:
     def shutdown(self) -> None:
         if self.provider is not None:
             self.provider.shutdown()
+
+
+def decision_attributes(d: Any, load: Any, target: Any, drafts: Iterable[Any]) -> dict[str, Any]:
+    """The decision span's attributes (a policy Decision, the Load it assumed, the target's
+    manifest entry and its drafts'): what decided, never the request's text."""
+    draft = None
+    if d.draft_version is not None:
+        names = [e.name for e in drafts if e.version == d.draft_version]
+        draft = f"{names[0]}@{d.draft_version}" if names else d.draft_version
+    return _clean(
+        {
+            "gateway.decision.id": d.decision_id,
+            "gateway.policy.revision": d.policy_revision,
+            "gateway.decision.mode": d.mode,
+            "gateway.decision.requested_mode": d.requested_mode,
+            "gateway.decision.auto_outcome": d.auto_outcome,
+            "gateway.decision.proposer": d.proposer,
+            "gateway.decision.draft": draft,
+            "gateway.decision.k_min": d.k_min,
+            "gateway.decision.k_max": d.k_max,
+            "gateway.decision.k": d.k,
+            "gateway.decision.rule_ids": tuple(d.rule_ids),
+            "gateway.decision.reason_codes": tuple(d.reason_codes),
+            "gateway.decision.batch_rows": load.batch_rows,
+            "gateway.decision.queue_depth": load.queue_depth,
+            "gateway.target": f"{target.name}@{target.version}",
+        }
+    )
 
 
 def _decode(stats: Any) -> dict[str, Any]:
