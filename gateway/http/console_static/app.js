@@ -132,7 +132,7 @@ async function route() {
   const target = Console.views[name] ? name : isAdmin() ? "live" : "audit";
   document.querySelectorAll("nav a").forEach((a) => {
     a.classList.toggle("active", a.dataset.view === target);
-    a.classList.toggle("disabled", a.hasAttribute("data-admin") && !isAdmin());
+    a.hidden = a.hasAttribute("data-admin") && !isAdmin(); // an auditor sees the audit views only
   });
   const el = document.getElementById("view");
   el.replaceChildren();

@@ -73,7 +73,7 @@ async function renderRecords(el, params) {
           shown,
           { onclick: (r) => showRecord(detail, r.id), empty: "No record matches." },
         ),
-        cursor ? h("button", { class: "secondary", id: "audit-more", onclick: search }, "Older records") : null,
+        cursor ? h("button", { class: "secondary", id: "audit-more", onclick: search }, "Older records") : "",
       );
     } catch (e) {
       results.replaceChildren(h("p", { class: "error", id: "audit-error" }, e.message));
