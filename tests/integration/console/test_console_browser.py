@@ -263,3 +263,34 @@ def test_auditor_reaches_only_its_audit_views(server: Server, tmp_path: Path) ->
         )
         assert statuses == [403, 403, 403, 403, 200]
         assert page.errors == []
+
+
+def test_promotion_shows_the_regression_gate(tiny_manifest: Path, tmp_path: Path) -> None:
+    """Promote runs the regression gate first and the page shows its verdict."""
+    require_chromium()
+    (tmp_path / "var").mkdir()
+    proc, url, _ = start_gateway(tiny_manifest, tmp_path / "var")
+    dialogs: list[str] = []
+    try:
+        with browser_page(tmp_path / "profile") as page:
+            sign_in(page, url, ADMIN_KEY)
+            page.click("nav a[data-view=rollouts]")
+            page.select_option("#ro-draft", "tiny-draft|2")
+            accept_next_dialog(page, dialogs)
+            page.click("#ro-start")
+            page.wait_for_selector("#rollout-list [data-state=canary]")
+            accept_next_dialog(page, dialogs)
+            page.click("#rollout-list button[data-action=promote]")
+            page.wait_for_selector("#gate-result", timeout=120_000)
+            page.wait_for_selector("#rollout-list [data-state=promoted]")
+            assert dialogs[-1].startswith("Promote (runs the regression gate first)")
+            verdict = page.text_content("#gate-result") or ""
+            assert "Passed" in verdict and "prompts checked" in verdict, verdict
+            assert page.query_selector("#rollout-list button[data-action]") is None
+            assert page.errors == [] and page.failed_loads == []
+        models = httpx.get(f"{url}/admin/models", headers=ADMIN).json()["data"]
+        status = {(m["name"], m["version"]): m["status"] for m in models}
+        assert status[("tiny-draft", "2")] == "active"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
