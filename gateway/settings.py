@@ -90,6 +90,12 @@ class Settings:
     (``realm_access.roles``)."""
     oidc_name_claim: str = "sub"
     """Claim naming the operator; audited as ``oidc:<value>``."""
+    metrics_key: str | None = None
+    """Bearer key that /metrics requires (Prometheus's ``authorization`` credentials); the
+    admin key is accepted too. Unset: /metrics is open. Set it where the network is shared:
+    the metrics name tenants."""
+    console: bool = True
+    """Serve the operator console at /console (static pages over the JSON API)."""
     log_level: str = "info"
     """Log level of the JSON logs (debug, info, warning, error)."""
     var_dir: str = str(ROOT / "var")

@@ -110,6 +110,7 @@ class AuditRecordRow(Base):
         Index("ix_audit_records_decision_id", "decision_id"),
         Index("ix_audit_records_request_id", "request_id"),
         Index("ix_audit_records_user_sha256", "user_sha256"),
+        Index("ix_audit_records_trace_id", "trace_id"),
         {"sqlite_autoincrement": True},
     )
 
@@ -192,6 +193,9 @@ class AuditRecordRow(Base):
     """Tool calls the response made (null: the request sent no callable tools)."""
     tool_names: Mapped[list[str] | None] = mapped_column(JSON)
     """Names of the functions called, in call order (never their arguments)."""
+    trace_id: Mapped[str | None] = mapped_column(String(32))
+    """OpenTelemetry trace id of the request (32 hex digits; null with tracing off); hashed
+    into the chain when set (revision 0004_trace_id)."""
     prev_hash: Mapped[str] = mapped_column(String(64))
     """record_hash of the previous record (64 zeros for the first)."""
     record_hash: Mapped[str] = mapped_column(String(64), unique=True)

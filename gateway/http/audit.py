@@ -78,6 +78,7 @@ def _filter(q: FilterQuery, who: Principal) -> RecordFilter:
         status=int(status) if status else None,
         decision_id=q.decision_id,
         user_sha256=sha256_text(q.user) if q.user is not None else None,
+        trace_id=q.trace_id.lower() if q.trace_id is not None else None,
     )
 
 

@@ -65,6 +65,7 @@ class FilterQuery(msgspec.Struct, frozen=True, kw_only=True):
     status: str | None
     decision_id: str | None
     user: str | None
+    trace_id: str | None
 
 
 def filter_query(
@@ -94,6 +95,9 @@ def filter_query(
         str | None,
         _query("The request's end-user id (OpenAI's user); matched through its SHA-256."),
     ] = None,
+    trace_id: Annotated[
+        str | None, _query("The request's OpenTelemetry trace id (32 hex digits).")
+    ] = None,
 ) -> FilterQuery:
     """Dependency: the filters of /audit/records, /audit/export and /audit/summary."""
     return FilterQuery(
@@ -108,4 +112,5 @@ def filter_query(
         status=status,
         decision_id=decision_id,
         user=user,
+        trace_id=trace_id,
     )

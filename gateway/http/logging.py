@@ -26,8 +26,9 @@ def configure(level: str) -> None:
 _log = structlog.get_logger("gateway.requests")
 
 
-def log_request(record: Any, _result: Any) -> None:
+def log_request(observed: Any) -> None:
     """Recorder listener: the request line of the JSON log."""
+    record = observed.record
     _log.info(
         "request",
         request_id=record.request_id,
@@ -45,4 +46,5 @@ def log_request(record: Any, _result: Any) -> None:
         latency_ms=record.latency_ms,
         ttft_ms=record.ttft_ms,
         error=record.error_type,
+        trace_id=record.trace_id,
     )

@@ -1,5 +1,20 @@
-"""Prometheus export of the plain stats the serving layer produces (vLLM's metric names
-for speculative decoding, labelled by tenant). Only this module knows Prometheus."""
+"""Prometheus export of the plain stats the serving layer produces. Only this module knows
+Prometheus.
+
+The speculative-decoding counters keep vLLM's names (``spec_decode_num_drafts``,
+``_num_draft_tokens``, ``_num_accepted_tokens``, ``_num_accepted_tokens_per_pos``); every
+per-request series is labelled by tenant, mode, proposer and draft (``name@version``, or
+``none``), so acceptance, cost and latency can be read per rollout arm. Derived in PromQL
+(deploy/grafana/gateway.json does it):
+
+- acceptance rate = num_accepted_tokens / num_draft_tokens;
+- mean accepted length = 1 + num_accepted_tokens / num_drafts (tokens per verify step);
+- drafted but rejected = gateway_spec_decode_rejected_tokens (compute speculation wasted);
+- cost per generated token = (gateway_target_forward_seconds + gateway_draft_forward_seconds)
+  / gateway_generation_tokens (the forwards a request waited on, per token it got);
+- verify overhead = a speculative verify step's mean time (target_forward_seconds /
+  target_forwards) over a standard step's.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +26,15 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+ARM = ["tenant", "mode", "proposer", "draft"]
+"""The labels of every per-request series."""
+
+
+def arm_labels(record: Any) -> tuple[str, str, str, str]:
+    """(tenant, mode, proposer, draft) of an audit record, '-' / 'none' where absent."""
+    draft = f"{record.draft_model}@{record.draft_version}" if record.draft_model else "none"
+    return (record.tenant_id or "-", record.mode or "none", record.proposer or "none", draft)
 
 
 class LimiterCollector(Collector):
@@ -31,74 +55,102 @@ class LimiterCollector(Collector):
 
 class Metrics:
     def __init__(self, queue_depth: Callable[[], float], limiter_stats: Any = None) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
+        self.registry = r = CollectorRegistry()
         if limiter_stats is not None:
             r.register(LimiterCollector(limiter_stats))
-        self.requests = Counter(
-            "gateway_requests",
-            "Requests by endpoint, status and mode",
+
+        def counter(name: str, doc: str, labels: list[str] = ARM) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, ["endpoint", *ARM], buckets=buckets, registry=r)
+
+        self.requests = counter(
+            "gateway_requests", "Requests by endpoint, status and mode",
             ["tenant", "endpoint", "status", "mode"],
-            registry=r,
+        )  # fmt: skip
+        self.latency = histogram(
+            "gateway_request_latency_seconds", "End-to-end latency", LATENCY_BUCKETS
         )
-        self.latency = Histogram(
-            "gateway_request_latency_seconds",
-            "End-to-end latency",
-            ["endpoint", "mode"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.ttft = histogram(
+            "gateway_time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS
         )
-        self.ttft = Histogram(
-            "gateway_time_to_first_token_seconds",
-            "Time to first token",
-            ["endpoint", "mode"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.itl = histogram(
+            "gateway_time_per_output_token_seconds",
+            "Inter-token latency: a request's decode time / (its tokens - 1)",
+            TOKEN_BUCKETS,
         )
-        self.prompt_tokens = Counter(
-            "gateway_prompt_tokens", "Prompt tokens", ["tenant"], registry=r
+        self.queue_wait = histogram(
+            "gateway_queue_wait_seconds",
+            "Time queued on the inference worker before the row joined a batch",
+            LATENCY_BUCKETS,
         )
-        self.completion_tokens = Counter(
-            "gateway_generation_tokens", "Completion tokens", ["tenant", "mode"], registry=r
-        )
+        self.prompt_tokens = counter("gateway_prompt_tokens", "Prompt tokens", ["tenant"])
+        self.completion_tokens = counter("gateway_generation_tokens", "Completion tokens")
         self.queue = Gauge("gateway_queue_depth", "Requests waiting or running", registry=r)
         self.queue.set_function(queue_depth)
-        self.num_drafts = Counter(
-            "spec_decode_num_drafts", "Verify steps with drafted tokens", ["tenant"], registry=r
-        )
-        self.num_draft_tokens = Counter(
-            "spec_decode_num_draft_tokens", "Drafted tokens", ["tenant"], registry=r
-        )
-        self.num_accepted = Counter(
-            "spec_decode_num_accepted_tokens", "Accepted draft tokens", ["tenant"], registry=r
-        )
-        self.accepted_per_pos = Counter(
+        self.num_drafts = counter("spec_decode_num_drafts", "Verify steps with drafted tokens")
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Drafted tokens")
+        self.num_accepted = counter("spec_decode_num_accepted_tokens", "Accepted draft tokens")
+        self.accepted_per_pos = counter(
             "spec_decode_num_accepted_tokens_per_pos",
             "Accepted draft tokens by position in the draft",
-            ["tenant", "position"],
-            registry=r,
+            [*ARM, "position"],
+        )
+        self.rejected = counter(
+            "gateway_spec_decode_rejected_tokens", "Drafted tokens the verifier rejected"
+        )
+        self.target_s = counter(
+            "gateway_target_forward_seconds",
+            "Target forward time the requests waited on (prefill and every step)",
+        )
+        self.target_forwards = counter(
+            "gateway_target_forwards", "Target forwards after the prefill (decode steps)"
+        )
+        self.step_s = counter(
+            "gateway_target_step_seconds", "Target forward time of the decode steps alone"
+        )
+        self.draft_s = counter(
+            "gateway_draft_forward_seconds", "Proposing time (draft forwards or lookups)"
         )
 
-    def observe(self, record: Any, result: Any) -> None:
-        """Recorder listener: one audit record (and the engine result, when decoded)."""
-        tenant = record.tenant_id or "-"
-        mode = record.mode or "none"
+    def observe(self, observed: Any) -> None:
+        """Recorder listener: one audit record, with the engine result and the worker's
+        timings when the request decoded."""
+        record, result, timings = observed.record, observed.result, observed.timings
+        arm = arm_labels(record)
+        tenant, mode = arm[0], arm[1]
         self.requests.labels(tenant, record.endpoint, str(record.status), mode).inc()
+        per_request = (record.endpoint, *arm)
         if record.latency_ms is not None:
-            self.latency.labels(record.endpoint, mode).observe(record.latency_ms / 1000)
+            self.latency.labels(*per_request).observe(record.latency_ms / 1000)
         if record.ttft_ms is not None:
-            self.ttft.labels(record.endpoint, mode).observe(record.ttft_ms / 1000)
+            self.ttft.labels(*per_request).observe(record.ttft_ms / 1000)
         self.prompt_tokens.labels(tenant).inc(record.prompt_tokens)
-        self.completion_tokens.labels(tenant, mode).inc(record.completion_tokens)
+        self.completion_tokens.labels(*arm).inc(record.completion_tokens)
+        if timings is not None:
+            if timings.queue_s is not None:
+                self.queue_wait.labels(*per_request).observe(timings.queue_s)
+            if timings.decode_s is not None and record.completion_tokens > 1:
+                itl = timings.decode_s / (record.completion_tokens - 1)
+                self.itl.labels(*per_request).observe(itl)
         stats = getattr(result, "stats", None)
-        if stats is None or not stats.drafted:
+        if stats is None:
             return
-        self.num_drafts.labels(tenant).inc(stats.num_drafts)
-        self.num_draft_tokens.labels(tenant).inc(stats.drafted)
-        self.num_accepted.labels(tenant).inc(stats.accepted)
+        self.target_s.labels(*arm).inc(stats.verify_s + stats.prefill_s)
+        self.step_s.labels(*arm).inc(stats.verify_s)
+        decode_forwards = stats.target_forwards - (1 if stats.prefill_s > 0 else 0)
+        self.target_forwards.labels(*arm).inc(max(0, decode_forwards))
+        self.draft_s.labels(*arm).inc(stats.draft_s)
+        if not stats.drafted:
+            return
+        self.num_drafts.labels(*arm).inc(stats.num_drafts)
+        self.num_draft_tokens.labels(*arm).inc(stats.drafted)
+        self.num_accepted.labels(*arm).inc(stats.accepted)
+        self.rejected.labels(*arm).inc(stats.drafted - stats.accepted)
         for pos, count in enumerate(stats.accepted_per_pos):
             if count:
-                self.accepted_per_pos.labels(tenant, str(pos)).inc(count)
+                self.accepted_per_pos.labels(*arm, str(pos)).inc(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

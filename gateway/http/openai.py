@@ -32,18 +32,31 @@ def _internal(request: Request[Any, Any, Any], exc: Exception) -> GatewayError:
     return GatewayError("internal", "internal error; the x-request-id header names it")
 
 
+def _who(principal: Principal, meta: RequestMeta) -> dict[str, str]:
+    """The auth span's attributes: who called (ids, never the key)."""
+    return {
+        "gateway.request_id": meta.request_id,
+        "gateway.role": principal.role,
+        "gateway.tenant": principal.tenant_id or "",
+        "gateway.key_id": principal.key_id or "",
+    }
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
 async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]) -> Response[Any]:
     svc = services(request)
-    meta = RequestMeta(uuid.uuid4().hex, endpoint, time.perf_counter())
-    base_headers = {"x-request-id": meta.request_id}
+    meta = RequestMeta(uuid.uuid4().hex, endpoint, time.perf_counter(), svc.tracing.trace_id())
+    base_headers = Generation.meta_headers(meta)
     principal: Principal | None = None
     cmd: Generate | None = None
     try:
-        principal = await svc.auth.principal(request.headers.get("authorization"))
+        with svc.tracing.span("gateway.auth") as span:
+            principal = await svc.auth.principal(request.headers.get("authorization"))
+            if span is not None:
+                span.set_attributes(_who(principal, meta))
         body = decode_body(await request.body(), kind)
         cmd = convert.to_command(body)
         gen = await svc.generation.start(principal, meta, cmd)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 from litestar import Request, Response, get
 
+from gateway.database import sha256_text as _sha
 from gateway.serving import Services
 
 
@@ -23,7 +25,14 @@ async def ready(request: Request[Any, Any, Any]) -> Response[Any]:
 
 
 @get("/metrics", summary="Prometheus metrics", include_in_schema=False)
-async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+async def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
+    svc: Services = request.app.state.services
+    required = svc.settings.metrics_key
+    if required is not None:
+        sent = request.headers.get("authorization") or ""
+        token = sent[7:].strip() if sent.lower().startswith("bearer ") else ""
+        if not (token and hmac.compare_digest(_sha(token), _sha(required))):
+            await svc.auth.admin(sent or None)  # the admin key works too; else 401/403
     return Response(
         request.app.state.metrics.render(),
         media_type="text/plain; version=0.0.4; charset=utf-8",

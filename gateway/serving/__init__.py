@@ -21,6 +21,7 @@ from gateway.serving.ratelimit import Limiter, Limits, RateLimiter
 from gateway.serving.ratelimit_redis import RedisRateLimiter
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutAdmin, RolloutTraffic, RolloutView
+from gateway.serving.tracing import Tracing
 from gateway.serving.worker import InferenceWorker, batch_rows
 from gateway.settings import Settings
 
@@ -46,6 +47,7 @@ class Services:
     rollouts: RolloutAdmin
     traffic: RolloutTraffic
     limiter: Limiter
+    tracing: Tracing
     sync_task: asyncio.Task[None] | None = None
 
     def start_sync(self) -> None:
@@ -91,9 +93,12 @@ class Services:
         await self.store.close()
 
 
-async def build_services(settings: Settings) -> Services:
+async def build_services(settings: Settings, tracing: Tracing | None = None) -> Services:
+    """``tracing``: the spans to make (default none, see serving/tracing.py)."""
+    tracing = tracing or Tracing(None)
     Path(settings.var_dir).mkdir(parents=True, exist_ok=True)
     store = await Database.connect(settings.database_url, upgrade=settings.migrate_on_start)
+    tracing.instrument_database(store.engine.sync_engine)
     writer = AuditWriter(store)
     await writer.start()
     # The worker's thread is the only one that touches torch: it loads the models too.
@@ -135,7 +140,7 @@ async def build_services(settings: Settings) -> Services:
     limiter = make_limiter(settings)
     generation = GenerationService(
         pool=pool, worker=worker, policy=policy, traffic=traffic, limiter=limiter,
-        recorder=recorder,
+        recorder=recorder, tracing=tracing,
     )  # fmt: skip
     auth = Authenticator(
         store, bootstrap_admin_hash(settings.admin_key, settings.var_dir), make_oidc(settings)
@@ -154,6 +159,7 @@ async def build_services(settings: Settings) -> Services:
         rollouts=rollouts,
         traffic=traffic,
         limiter=limiter,
+        tracing=tracing,
     )
     services.start_sync()
     return services

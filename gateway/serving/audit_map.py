@@ -58,6 +58,7 @@ def request_fields(
         "constraint_sha256": constraint_sha,
         "latency_ms": round((time.perf_counter() - meta.received_at) * 1000, 3),
         "user_sha256": _sha(cmd.user) if cmd and cmd.user is not None else None,
+        "trace_id": meta.trace_id,
     }
 
 

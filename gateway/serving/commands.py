@@ -49,6 +49,8 @@ class RequestMeta:
     endpoint: str
     received_at: float
     """time.perf_counter() when the request arrived (latency and TTFT start here)."""
+    trace_id: str | None = None
+    """The request's OpenTelemetry trace id (32 hex digits) when tracing is on."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from policies import (
     PolicyError,
     PolicyStore,
     RequestFeatures,
+    build_bundle,
     decide,
     update_history,
 )
@@ -255,6 +256,18 @@ class PolicyService:
     def describe(self) -> dict[str, Any]:
         bundle = self.policies.active
         return {"revision": bundle.revision, "version": bundle.version, "bundle": bundle.to_dict()}
+
+    def validate_tenant(self, tenant: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """What put_tenant would check, without activating or storing anything: the
+        revision the bundle would get, or a 400 naming the problem."""
+        bundle = self.policies.active
+        tenants = {t: thaw(d) for t, d in bundle.tenants.items()}
+        tenants[tenant] = doc
+        try:
+            candidate = build_bundle(thaw(bundle.default), tenants)
+        except PolicyError as exc:
+            raise invalid(f"invalid policy document: {exc}", "document") from None
+        return {"tenant": tenant, "valid": True, "revision": candidate.revision}
 
     async def put_tenant(self, tenant: str, doc: dict[str, Any], actor: str) -> dict[str, Any]:
         previous = self.policies.active.tenants.get(tenant)

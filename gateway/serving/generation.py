@@ -40,6 +40,7 @@ from gateway.serving.ratelimit import Limiter, Quota, Ticket
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutTraffic
 from gateway.serving.tool_output import ParsedCall, check_calls, read_calls
+from gateway.serving.tracing import RunTimings, Tracing, decision_attributes
 from gateway.serving.worker import InferenceWorker, Job, Overloaded
 from policies import Decision, Load
 
@@ -117,12 +118,20 @@ class Generation:
 
     def headers(self) -> dict[str, str]:
         h = {
-            "x-request-id": self.meta.request_id,
+            **self.meta_headers(self.meta),
             "x-decision-id": self.plan.decision.decision_id,
             "x-decoding-mode": self.mode,
         }
         if self.draft_label:
             h["x-draft-model"] = self.draft_label
+        return h
+
+    @staticmethod
+    def meta_headers(meta: RequestMeta) -> dict[str, str]:
+        """The headers every answer carries, refusals too: request id and trace id."""
+        h = {"x-request-id": meta.request_id}
+        if meta.trace_id is not None:
+            h["x-trace-id"] = meta.trace_id
         return h
 
     async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
@@ -197,7 +206,9 @@ class GenerationService:
         traffic: RolloutTraffic,
         limiter: Limiter,
         recorder: Recorder,
+        tracing: Tracing | None = None,
     ) -> None:
+        self.tracing = tracing or Tracing(None)
         self.pool = pool
         self.worker = worker
         self.policy = policy
@@ -208,13 +219,20 @@ class GenerationService:
     async def start(self, principal: Principal, meta: RequestMeta, cmd: Generate) -> Generation:
         tenant = self._authorize(principal)  # 1. a tenant key; the audit store writable
         prepared = await prepare(self.pool, cmd)  # 2. prompt, budget, grammar, features
-        preferred = self.traffic.choose(  # 3. the rollout's draft version, if any
-            cmd.model, meta.request_id, tenant, self.policy.allows_draft_version(tenant)
-        )
-        plan = self.policy.decide(  # 4. mode, proposer, draft version, k, limits
-            tenant, prepared.features, self.pool.draft_versions(prepared.entry.name),
-            preferred, self._load(prepared),
-        )  # fmt: skip
+        with self.tracing.span("gateway.policy.decide") as span:
+            preferred = self.traffic.choose(  # 3. the rollout's draft version, if any
+                cmd.model, meta.request_id, tenant, self.policy.allows_draft_version(tenant)
+            )
+            load = self._load(prepared)
+            plan = self.policy.decide(  # 4. mode, proposer, draft version, k, limits
+                tenant, prepared.features, self.pool.draft_versions(prepared.entry.name),
+                preferred, load,
+            )  # fmt: skip
+            if span is not None:
+                drafts = self.pool.manifest.drafts_for(prepared.entry.name)
+                span.set_attributes(
+                    decision_attributes(plan.decision, load, prepared.entry, drafts)
+                )
         quota, ticket = await self._admit(
             tenant, plan, prepared, cmd.n
         )  # 5. the tenant's rate limits
@@ -241,7 +259,12 @@ class GenerationService:
         payload = None
         if gen.plan.retention_days > 0:
             payload = Payload(gen.prepared.prompt_text, completion, gen.plan.retention_days)
-        await self.recorder.record(record, payload, result)  # raises when fail-closed
+        jobs = [c.job for c in gen.choices]
+        self.tracing.run(jobs, [c.result.stats if c.result else None for c in gen.choices])
+        with self.tracing.span("gateway.audit.write", {"gateway.request_id": record.request_id}):
+            await self.recorder.record(  # raises when fail-closed
+                record, payload, result, timings=RunTimings.of_jobs(jobs)
+            )
         await self.traffic.observe(record, result)
         self.recorder.detach(self.policy.observe(gen.plan, result))
 

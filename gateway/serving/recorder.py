@@ -12,16 +12,30 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.database import AuditUnavailable, AuditWriter, Payload, RequestRecord
 from gateway.engine import DecodeResult
 from gateway.serving.errors import GatewayError
+from gateway.serving.tracing import RunTimings
 
 log = logging.getLogger("gateway.database")
 RETRY_AFTER_FAILURE_S = 2.0
 
-Listener = Callable[[RequestRecord, DecodeResult | None], None]
+
+@dataclass(frozen=True)
+class Observed:
+    """What the listeners (metrics, logs) are told of one finished request."""
+
+    record: RequestRecord
+    result: DecodeResult | None = None
+    """The engine's result (its stats), when the request decoded."""
+    timings: RunTimings | None = None
+    """Queue wait, first output, decode time, when the request reached the worker."""
+
+
+Listener = Callable[[Observed], None]
 
 
 class Recorder:
@@ -68,6 +82,7 @@ class Recorder:
         result: DecodeResult | None,
         *,
         best_effort: bool = False,
+        timings: RunTimings | None = None,
     ) -> None:
         """The one entrance, for served and refused requests alike: write the record
         (durable on return), then tell the listeners (metrics, logs). A failed write raises
@@ -78,8 +93,9 @@ class Recorder:
                 await self._write(record, payload)
         else:
             await self._write(record, payload)
+        observed = Observed(record, result, timings)
         for listener in self.listeners:
-            listener(record, result)
+            listener(observed)
 
     def detach(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` in the background; drain() waits for it at shutdown."""

@@ -34,6 +34,7 @@ import ctypes
 import queue
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -73,8 +74,16 @@ class Job:
     decode: Decode | None = None
     out: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted_ns: int = field(default_factory=time.time_ns)
+    """Wall-clock stamps (ns since the epoch, what trace spans take): queued, admitted to a
+    batch or the round-robin, first event out, finished. Set by the worker thread."""
+    admitted_ns: int | None = None
+    first_event_ns: int | None = None
+    finished_ns: int | None = None
 
     def emit(self, item: Any) -> None:
+        if self.first_event_ns is None:
+            self.first_event_ns = time.time_ns()
         try:
             self.loop.call_soon_threadsafe(self.out.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
@@ -280,6 +289,7 @@ class InferenceWorker:
             with self._lock:
                 self._waiting -= 1
                 self._active += 1
+            job.admitted_ns = time.time_ns()
             try:
                 if job.decode is not None:
                     batches.add(job)
@@ -299,6 +309,7 @@ class InferenceWorker:
     def _finish(self, job: Job, item: Any) -> None:
         with self._lock:
             self._active -= 1
+        job.finished_ns = time.time_ns()
         job.emit(item)
 
 

@@ -33,13 +33,14 @@ RECORD_FIELDS: tuple[str, ...] = (
     "draft_sha256", "k_min", "k_max", "drafted_tokens", "accepted_tokens", "temperature",
     "top_p", "top_k", "seed", "constraint", "constraint_sha256", "prompt_tokens",
     "completion_tokens", "latency_ms", "ttft_ms", "prompt_sha256", "completion_sha256",
-    "user_sha256", "tool_calls", "tool_names",
+    "user_sha256", "tool_calls", "tool_names", "trace_id",
 )  # fmt: skip
 """Hashed fields of ``audit_records`` (besides ``prev_hash``)."""
 
-HASHED_WHEN_SET = frozenset({"user_sha256", "tool_calls", "tool_names"})
+HASHED_WHEN_SET = frozenset({"user_sha256", "tool_calls", "tool_names", "trace_id"})
 """Fields added after revision 0001: hashed only when not null, so records written before
-the columns existed keep their hashes."""
+the columns existed keep their hashes. ``trace_id`` (revision 0004_trace_id) is hashed when
+set, so the link from a record to its trace is as tamper-evident as the record."""
 
 EVENT_FIELDS: tuple[str, ...] = ("actor", "action", "subject", "before", "after", "created_at")
 """Hashed fields of ``admin_events`` (besides ``prev_hash``)."""

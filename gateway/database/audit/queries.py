@@ -38,6 +38,7 @@ _EQUALITY = (
     "status",
     "decision_id",
     "user_sha256",
+    "trace_id",
 )
 _GROUP = (
     "tenant_id",

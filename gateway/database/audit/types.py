@@ -7,6 +7,7 @@ Every type here is a frozen value object. The store never receives policy or eng
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +20,7 @@ CONSTRAINTS = frozenset({"none", "json_object", "json_schema", "tools", "logit_b
 KEY_ROLES = frozenset({"tenant", "auditor"})
 OPERATOR_ROLES = frozenset({"admin", "policy-author", "rollout-operator", "auditor"})
 """Roles of named operators (principals); what each may do is gateway.serving.auth's."""
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 class AuditUnavailable(Exception):
@@ -79,6 +81,7 @@ class RequestRecord:
     user_sha256: str | None = None
     tool_calls: int | None = None
     tool_names: Sequence[str] | None = None
+    trace_id: str | None = None
 
     def __post_init__(self) -> None:
         _check(100 <= self.status <= 599, f"status {self.status} is not an HTTP status")
@@ -107,6 +110,10 @@ class RequestRecord:
         )
         _check(not isinstance(self.reason_codes, str), "reason_codes must be a list of codes")
         _check(not isinstance(self.tool_names, str), "tool_names must be a list of names")
+        _check(
+            self.trace_id is None or _TRACE_ID.fullmatch(self.trace_id) is not None,
+            "trace_id must be 32 lowercase hex digits",
+        )
         _check(
             (self.tool_calls is None) == (self.tool_names is None)
             and (self.tool_names is None or len(self.tool_names) == self.tool_calls),
@@ -161,6 +168,8 @@ class RecordFilter:
     decision_id: str | None = None
     user_sha256: str | None = None
     """SHA-256 of the end-user id (`sha256_text(user)`)."""
+    trace_id: str | None = None
+    """The request's OpenTelemetry trace id."""
 
 
 @dataclass(frozen=True)

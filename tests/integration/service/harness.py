@@ -52,7 +52,12 @@ class Gateway:
 
 @asynccontextmanager
 async def running_gateway(
-    manifest: Path, database_url: str, var_dir: Path, tenant: str = "tenant-a", **settings: Any
+    manifest: Path,
+    database_url: str,
+    var_dir: Path,
+    tenant: str = "tenant-a",
+    tracer_provider: Any = None,
+    **settings: Any,
 ) -> AsyncIterator[Gateway]:
     s = Settings(
         database_url=database_url,
@@ -62,7 +67,7 @@ async def running_gateway(
         log_level="warning",
         **settings,
     )
-    app = create_app(s)
+    app = create_app(s, tracer_provider)
     async with AsyncTestClient(app, timeout=120) as client:
         r = await client.post("/admin/tenants", json={"id": tenant, "name": tenant}, headers=ADMIN)
         assert r.status_code == 201, r.text

@@ -21,7 +21,7 @@ def free_port() -> int:
 
 
 def start_gateway(
-    manifest: Path, var: Path, **settings: str
+    manifest: Path, var: Path, env_extra: dict[str, str] | None = None, **settings: str
 ) -> tuple[subprocess.Popen[bytes], str, str]:
     """Returns (process, base url, a tenant key for tenant "real"). Logs go to var/server.log;
     extra settings are GATEWAY_* variables given without the prefix (queue_capacity="3")."""
@@ -35,6 +35,7 @@ def start_gateway(
         "GATEWAY_VAR_DIR": str(var),
         "GATEWAY_LOG_LEVEL": "warning",
         **{f"GATEWAY_{k.upper()}": v for k, v in settings.items()},
+        **(env_extra or {}),
     }
     log = var / "server.log"
     with log.open("wb") as out:

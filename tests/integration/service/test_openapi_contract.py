@@ -48,6 +48,7 @@ FILTERS = {
     "status",
     "decision_id",
     "user",
+    "trace_id",
 }
 QUERY = {
     "/audit/records": FILTERS | {"cursor", "limit"},

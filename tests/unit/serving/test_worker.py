@@ -185,3 +185,25 @@ async def test_a_failing_shared_forward_ends_its_rows_and_the_worker_goes_on(
 
 async def _collect(events):  # type: ignore[no-untyped-def]
     return [e async for e in events]
+
+
+async def test_jobs_carry_their_queue_and_run_stamps() -> None:
+    """The stamps the queue/prefill/decode spans and the queue-wait metric are made of: a job
+    behind a busy slot waits, then runs; submitted <= admitted <= first event <= finished."""
+    from gateway.serving.tracing import RunTimings
+
+    worker = started(max_active=1)
+    try:
+        first = worker.submit(counting(3, "a"))
+        second = worker.submit(counting(2, "b"))
+        for job in (first, second):
+            assert [x async for x in worker.events(job)]
+        for job in (first, second):
+            stamps = [job.submitted_ns, job.admitted_ns, job.first_event_ns, job.finished_ns]
+            assert None not in stamps and stamps == sorted(stamps), stamps  # type: ignore[type-var]
+        assert second.admitted_ns >= first.finished_ns  # type: ignore[operator]
+        timings = RunTimings.of_jobs([first, second])
+        assert timings.queue_s is not None and timings.decode_s is not None
+        assert timings.queue_s >= (second.admitted_ns - second.submitted_ns) / 1e9  # type: ignore[operator]
+    finally:
+        worker.stop()
