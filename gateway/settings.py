@@ -56,11 +56,11 @@ class Settings:
     then keeps following its real forwards either way."""
     compile: bool = False
     """Compile the batch path's target and draft forwards with torch.compile (inductor)
-    at start: every manifest model loads and compiles before the gateway is ready (about a
-    minute a model on a 2-core CPU, seconds from the on-disk cache after that, kept in
-    var/compile-cache unless TORCHINDUCTOR_CACHE_DIR is set). Off by default; see the
-    README for what it measured. A model that fails to compile runs eager (a log line
-    says why), as does a draft registered while the gateway runs."""
+    at start: every manifest model loads and compiles before the gateway serves (the demo
+    pair took 259 s on a 2-core CPU, and about as long again from inductor's cache, kept in
+    var/compile-cache unless TORCHINDUCTOR_CACHE_DIR is set). Off by default: on that CPU
+    it did not decode faster (README, "Compiled step"). A model that fails to compile runs
+    eager (a log line says why), as does a draft registered while the gateway runs."""
     torch_threads: int | None = None
     """CPU threads of the inference thread's torch kernels; default torch's own choice (the
     physical cores). The inference thread is the only one that runs torch."""
