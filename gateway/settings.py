@@ -54,6 +54,12 @@ class Settings:
     """Time each model's forwards for batches of 1..max_batch rows when it loads (a few
     seconds on CPU), so that auto mode's cost model starts from measurements; the batch
     then keeps following its real forwards either way."""
+    cpu_linear: str = "auto"
+    """fp32 CPU nn.Linear layers: ``auto`` times both forwards at load and keeps the faster
+    (gateway/engine/cpu_linear.py), ``on`` always uses the weight-major forward, ``off``
+    keeps torch's. The timing takes about a second and can pick differently from one start
+    to the next where the two are close (seen on a 2-core AMD EPYC: 1 start in 5 chose
+    weight-major); pin it for reproducible speed."""
     compile: bool = False
     """Compile the batch path's target and draft forwards with torch.compile (inductor)
     at start: every manifest model loads and compiles before the gateway serves (the demo

@@ -126,7 +126,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     pool = ModelPool.from_manifest(
         settings.models, settings.device, settings.dtype, worker.call,
         probe_rows=settings.max_batch if settings.measure_costs else 0,
-        compile_rows=compile_rows,
+        compile_rows=compile_rows, cpu_linear=_cpu_linear(settings.cpu_linear),
     )  # fmt: skip
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)
@@ -185,3 +185,11 @@ def make_limiter(settings: Settings) -> Limiter:
     return RedisRateLimiter(
         settings.redis_url, prefix=settings.redis_prefix, fail_closed=settings.redis_fail_closed
     )
+
+
+def _cpu_linear(value: str) -> bool | None:
+    """GATEWAY_CPU_LINEAR: auto (None: measured at load), on, off."""
+    choices = {"auto": None, "on": True, "true": True, "off": False, "false": False}
+    if value.strip().lower() not in choices:
+        raise ValueError(f"GATEWAY_CPU_LINEAR must be auto, on or off, got {value!r}")
+    return choices[value.strip().lower()]

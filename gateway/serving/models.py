@@ -44,6 +44,7 @@ class ModelPool:
         runner: Runner,
         probe_rows: int = 0,
         compile_rows: Callable[[int], int] | None = None,
+        cpu_linear: bool | None = None,
     ) -> None:
         """probe_rows > 0: time each model's forwards for batches of up to that many rows
         when it loads (Engine.measure_costs), so the cost model starts from measurements.
@@ -56,6 +57,7 @@ class ModelPool:
         self._run = runner
         self.probe_rows = probe_rows
         self.compile_rows = compile_rows
+        self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
         self._started = False
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
         self._drafts: dict[tuple[str, str], DraftHandle] = {}
@@ -65,10 +67,12 @@ class ModelPool:
     def from_manifest(
         cls, path: str, device: str | None, dtype: str | None, runner: Runner,
         probe_rows: int = 0, compile_rows: Callable[[int], int] | None = None,
+        cpu_linear: bool | None = None,
     ) -> ModelPool:  # fmt: skip
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
-        return cls(load_manifest(path), device, dtype, runner, probe_rows, compile_rows)
+        manifest = load_manifest(path)
+        return cls(manifest, device, dtype, runner, probe_rows, compile_rows, cpu_linear)
 
     async def load_targets(self) -> None:
         """Load every target (and, when compiling, every draft) before serving."""
@@ -106,7 +110,9 @@ class ModelPool:
             return self._engines[name]
 
     def _load_target(self, entry: ModelEntry) -> Engine:  # on the inference thread
-        model = load_model(str(entry.path), self.device, self.dtype, draft_vocab=False)
+        model = load_model(
+            str(entry.path), self.device, self.dtype, draft_vocab=False, cpu_linear=self.cpu_linear
+        )
         engine = Engine(self._compiled(model, entry, draft=False))
         self._probe(engine, None, entry)
         return engine
@@ -167,7 +173,9 @@ class ModelPool:
             return self._drafts.setdefault(key, DraftHandle(entry, model))
 
     def _load_draft(self, entry: ModelEntry, engine: Engine) -> LoadedModel:  # inference thread
-        model = load_model(str(entry.path), device=self.device, dtype=self.dtype)
+        model = load_model(
+            str(entry.path), device=self.device, dtype=self.dtype, cpu_linear=self.cpu_linear
+        )
         check_pair(engine.target, model)
         model = self._compiled(model, entry, draft=True)
         self._probe(engine, model, entry)
