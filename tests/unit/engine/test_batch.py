@@ -74,8 +74,8 @@ class Job:
     draft: LoadedModel | None = None
 
 
-def run_batch(engine: Engine, jobs: list[Job], max_rows: int = 8) -> list[DecodeResult]:
-    batch = engine.batch(max_rows)
+def drive(batch, engine: Engine, jobs: list[Job]) -> list[DecodeResult]:  # type: ignore[no-untyped-def]
+    """Step `batch` until every job (joining at its step) has finished; results in order."""
     rows, results, step = {}, {}, 0
     while len(results) < len(jobs):
         for i, job in enumerate(jobs):
@@ -88,7 +88,12 @@ def run_batch(engine: Engine, jobs: list[Job], max_rows: int = 8) -> list[Decode
                     results[rows[id(row)]] = e.result
         step += 1
         assert step < 2000, "the batch did not finish"
-    out = [results[i] for i in range(len(jobs))]
+    return [results[i] for i in range(len(jobs))]
+
+
+def run_batch(engine: Engine, jobs: list[Job], max_rows: int = 8) -> list[DecodeResult]:
+    batch = engine.batch(max_rows)
+    out = drive(batch, engine, jobs)
     if len(jobs) > 1:  # the rows really shared forwards
         assert batch.forwards < sum(r.stats.target_forwards for r in out)
     return out
@@ -253,27 +258,12 @@ def test_an_idle_draft_cache_serves_the_next_wave_and_goes_when_another_draft_co
     batch = engine.batch(8)
     caches = []
     for _wave in range(2):
-        assert run_rows(batch, engine, draft_jobs(draft_lm)) == solo
+        assert [list(r.token_ids) for r in drive(batch, engine, draft_jobs(draft_lm))] == solo
         caches.append(batch.drafts[id(draft_lm)].cache)
     assert caches[0] is caches[1]
     other = wrap_model(draft_lm.model, tokenizer, draft_vocab=list(range(0, len(tokenizer), 2)))
-    run_rows(batch, engine, draft_jobs(other))
+    drive(batch, engine, draft_jobs(other))
     assert list(batch.drafts) == [id(other)]
-
-
-def run_rows(batch, engine: Engine, jobs: list[Job]) -> list[list[int]]:
-    rows, results, step = {}, {}, 0
-    while len(results) < len(jobs):
-        for i, job in enumerate(jobs):
-            if job.join_at == step:
-                rows[id(batch.add(engine.prepare(job.req, job.draft)))] = i
-        for row, events in batch.step():
-            for e in events:
-                assert not isinstance(e, Exception), e
-                if isinstance(e, Finished):
-                    results[rows[id(row)]] = list(e.result.token_ids)
-        step += 1
-    return [results[i] for i in range(len(jobs))]
 
 
 def test_a_draft_slot_rolls_back_rejections_per_row(llama_lm, draft_lm) -> None:
