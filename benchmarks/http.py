@@ -100,14 +100,23 @@ def _gateway_round(prompts: list[str], concurrency: bool) -> dict[str, Any]:
         httpx.Client(base_url=gw.url, timeout=600) as client,
     ):
         key = gw.tenant("bench", {"client_override": {"allow": True}})
-        for name, decoding in MODES.items():
-            _post(client, key, prompts[0], decoding)  # warm-up (the draft loads on first use)
-            c0, t0 = _cpu_seconds(gw.pid), time.perf_counter()
-            tokens = sum(_post(client, key, p, decoding) for p in prompts)
-            wall = time.perf_counter() - t0
-            out[name] = {"tokens_per_s": tokens / wall, "cpu": (_cpu_seconds(gw.pid) - c0) / wall}
+        out.update(measure_modes(gw, client, key, prompts))
         if concurrency:
             out["concurrent_clients_tokens_per_s"] = _concurrency(gw, key, prompts)
+    return out
+
+
+def measure_modes(
+    gw: Running, client: httpx.Client, key: str, prompts: list[str]
+) -> dict[str, dict[str, float]]:
+    """Per mode: tokens/s of the prompts one after another, and the gateway's CPU use."""
+    out = {}
+    for name, decoding in MODES.items():
+        _post(client, key, prompts[0], decoding)  # warm-up (the draft loads on first use)
+        c0, t0 = _cpu_seconds(gw.pid), time.perf_counter()
+        tokens = sum(_post(client, key, p, decoding) for p in prompts)
+        wall = time.perf_counter() - t0
+        out[name] = {"tokens_per_s": tokens / wall, "cpu": (_cpu_seconds(gw.pid) - c0) / wall}
     return out
 
 

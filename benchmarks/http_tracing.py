@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from benchmarks._server import gateway
-from benchmarks.http import MODES, NEW_TOKENS, _cpu_seconds, _manifest, _post, _prompts
+from benchmarks.http import MODES, NEW_TOKENS, _manifest, _prompts, measure_modes
 
 SIDES = {"off": "none", "on": "memory"}
 # Pinned: left to its load-time timing, the linear forward differed between the processes
@@ -80,12 +80,7 @@ def _round(prompts: list[str], exporter: str) -> dict[str, Any]:
         httpx.Client(base_url=gw.url, timeout=600) as client,
     ):
         key = gw.tenant("bench", {"client_override": {"allow": True}})
-        for name, decoding in MODES.items():
-            _post(client, key, prompts[0], decoding)  # warm-up (the draft loads on first use)
-            c0, t0 = _cpu_seconds(gw.pid), time.perf_counter()
-            tokens = sum(_post(client, key, p, decoding) for p in prompts)
-            wall = time.perf_counter() - t0
-            out[name] = {"tokens_per_s": tokens / wall, "cpu": (_cpu_seconds(gw.pid) - c0) / wall}
+        out.update(measure_modes(gw, client, key, prompts))
         traced = client.post(
             "/v1/completions",
             json={"model": "demo-code-target", "prompt": prompts[0], "max_tokens": 4},
