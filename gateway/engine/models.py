@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from gateway.engine.batch.decoder import LeanDecoder, build_decoder
 from gateway.engine.compiled import CompiledForwards
 from gateway.engine.cpu_linear import use_weight_major_linear, weight_major_pays
 from gateway.engine.draft_head import DraftHead, build_head, read_draft_vocab
@@ -30,6 +31,7 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]
     draft_head: DraftHead | None = None  # a reduced output head for drafting (draft_head.py)
     compiled: CompiledForwards | None = None  # the batch path's compiled forwards (compiled.py)
+    decoder: LeanDecoder | None = None  # the batch path's lean forward (batch/decoder.py)
 
 
 def default_device() -> torch.device:
@@ -71,6 +73,7 @@ def wrap_model(
     device: torch.device | None = None,
     draft_vocab: list[int] | None = None,
     cpu_linear: bool | None = None,
+    lean: bool = True,
 ) -> LoadedModel:
     """Describe an already-built model (eval mode) as a LoadedModel; with `draft_vocab`, it
     drafts among those token ids only (see draft_head.py). With `cpu_linear`, its fp32 CPU
@@ -82,6 +85,7 @@ def wrap_model(
     if cpu_linear:
         use_weight_major_linear(model)
     param = next(model.parameters())
+    kwarg = cache_kwarg(model)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -92,6 +96,7 @@ def wrap_model(
         context_length=_context_length(model.config),
         eos_token_ids=_eos_ids(model, tokenizer),
         draft_head=None if draft_vocab is None else build_head(model, draft_vocab, cpu_linear),
+        decoder=build_decoder(model, kwarg) if lean else None,
     )
 
 

@@ -103,7 +103,10 @@ def probe(
     slots = [cache.take() for _ in range(top)]
     fill = [[(7 * i + j) % lm.vocab_size for j in range(context)] for i in range(top)]
     with torch.inference_mode():
-        batched_forward(model, kwarg, cache, slots, fill, dev, keep_last=True, compiled=lm.compiled)
+        batched_forward(
+            model, kwarg, cache, slots, fill, dev, keep_last=True, compiled=lm.compiled,
+            decoder=lm.decoder,
+        )  # fmt: skip
         for s in slots:
             cache.length[s] = context
         for rows in rows_list:
@@ -113,8 +116,9 @@ def probe(
                 for _ in range(repeats + 1):
                     t0 = time.perf_counter()
                     batched_forward(
-                        model, kwarg, cache, slots[:rows], feed, dev, compiled=lm.compiled
-                    )
+                        model, kwarg, cache, slots[:rows], feed, dev, compiled=lm.compiled,
+                        decoder=lm.decoder,
+                    )  # fmt: skip
                     _sync(dev)
                     times.append(time.perf_counter() - t0)
                 costs.means[(row_bucket(rows), t)] = statistics.median(times[1:])

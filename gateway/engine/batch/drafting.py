@@ -96,6 +96,7 @@ class DraftBatch:
             self.draft.model, self._kwarg, self.cache,
             [self.members[id(p)].slot for p, _ in fits], [ids for _, ids in fits],
             self.draft.device, keep_last=True, backbone=True, compiled=self.draft.compiled,
+            decoder=self.draft.decoder,
         )  # fmt: skip
         spent = time.perf_counter() - t0
         for p, ids in fits:
@@ -164,6 +165,7 @@ class DraftBatch:
             keep_last=True,
             backbone=head is not None,
             compiled=d.compiled,
+            decoder=d.decoder,
         )  # fmt: skip  [(1, V)] or [(1, H)]
         if head is not None:
             h = torch.cat(out)  # (B, H)

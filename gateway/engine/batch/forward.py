@@ -10,12 +10,15 @@ what it keeps by setting `cache.length[slot]`; nothing is copied or cropped.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gateway.engine.batch.slots import SlotCache
 from gateway.engine.compiled import CompiledForwards
+
+if TYPE_CHECKING:
+    from gateway.engine.batch.decoder import LeanDecoder
 
 
 def batched_forward(
@@ -28,11 +31,13 @@ def batched_forward(
     keep_last: bool = False,
     backbone: bool = False,
     compiled: CompiledForwards | None = None,
+    decoder: LeanDecoder | None = None,
 ) -> list[torch.Tensor]:
     """Logits per row: (len(tokens[r]), V) each, or (1, V) of the last token with keep_last;
     with backbone, the last hidden states instead ((.., H), the output head skipped).
     Writes each row's tokens into its slot at length[slot].. (the caller commits). With
-    `compiled`, the model's compiled forwards run the step (engine/compiled.py)."""
+    `compiled`, the model's compiled forwards run the step (engine/compiled.py); else with
+    `decoder`, the lean forward (batch/decoder.py: same logits, less overhead)."""
     b, t = len(slots), max(len(x) for x in tokens)
     starts = [cache.length[s] for s in slots]
     if any(st + len(x) > cache.capacity for st, x in zip(starts, tokens, strict=True)):
@@ -61,6 +66,17 @@ def batched_forward(
         lo = min(slots)
         cache.step_range = (lo, lo + b) if slots == list(range(lo, lo + b)) else None
     cache.step_span = span
+    if compiled is None and decoder is not None:
+        keep = [len(x) - 1 for x in tokens] if keep_last else None
+        out = decoder(
+            ids.to(device),
+            None if mask is None else mask.to(device),
+            position_ids.to(device),
+            cache,
+            keep=keep,
+            backbone=backbone,
+        )  # fmt: skip  (B, T or 1, H or V)
+        return [out[r, : 1 if keep_last else len(x)] for r, x in enumerate(tokens)]
     if compiled is not None:
         forward = compiled.backbone if backbone else compiled.full
     else:

@@ -208,7 +208,7 @@ class Batch:
         batched_forward(
             self.target.model, self._kwarg, self.cache, [r.slot for r, _ in group],
             [c for _, c in group], self.target.device, keep_last=True,
-            compiled=self.target.compiled,
+            compiled=self.target.compiled, decoder=self.target.decoder,
         )  # fmt: skip
         self.forwards += 1
         drafts: dict[int, list[tuple[DraftModelProposer, list[int]]]] = {}
@@ -290,6 +290,7 @@ class Batch:
             feeds,
             self.target.device,
             compiled=self.target.compiled,
+            decoder=self.target.decoder,
         )  # fmt: skip  [(n_r + 1, V)]
         spent = time.perf_counter() - t0
         self.forwards += 1

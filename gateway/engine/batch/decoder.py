@@ -1,0 +1,144 @@
+"""The batch path's forward for Llama-style decoders, without transformers' per-call machinery.
+
+Why: at the demo sizes a forward is mostly overhead. transformers' model forward wraps every
+call in decorators (deprecated-argument checks, output capturing, mask preparation, output
+dataclasses) and every layer, norm and projection in nn.Module.__call__; at 12 layers that
+is about a millisecond a forward on this CPU, a quarter of a one-row decode step.
+
+What: `LeanDecoder` runs the same modules' own `forward` methods, with the same tensor ops
+in the same order (embedding, rotary tables from the model's own rotary module, per layer:
+norm, q/k/v projections, the family's rotary function, the cache update, the model's
+attention function with its scaling, output projection, residual, norm, MLP, residual;
+final norm, output head). So its logits are bitwise equal to the model's forward, not
+merely close: `build` checks that on a scratch cache before it is used, and keeps the
+transformers forward (with a log line saying why) for a model where they differ.
+
+Also: with `keep_last` the output head runs on each row's last position only (a prefill
+chunk of 128 tokens no longer multiplies 127 discarded rows by the vocabulary). One row
+keeps its last two positions: a BLAS product of one row rounds otherwise than the same row
+inside a larger product, and the full forward multiplies the whole chunk.
+
+Which models: the families whose decoder layers have this shape and were checked token for
+token in tests/unit/engine/test_decoder.py (Llama, Mistral, Qwen2). Any other model keeps
+the transformers forward.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger("gateway.engine.decoder")
+
+FAMILIES = ("llama", "mistral", "qwen2")  # model_type values checked in the tests
+
+
+class LeanDecoder:
+    """Callable like the model for the batch path: ``(input_ids, attention_mask,
+    position_ids, cache, keep) -> (B, T or 1, V)`` logits, or hidden states with
+    backbone."""
+
+    def __init__(self, model: Any) -> None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        self.model = model
+        self.inner = model.base_model
+        cfg = model.config
+        first = self.inner.layers[0].self_attn
+        family = sys.modules[type(first).__module__]
+        self._rotary = family.apply_rotary_pos_emb
+        self._attention: Callable[..., Any] = ALL_ATTENTION_FUNCTIONS.get_interface(
+            cfg._attn_implementation, family.eager_attention_forward
+        )
+        self._layers = list(self.inner.layers[: cfg.num_hidden_layers])
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        cache: Any,
+        keep: list[int] | None = None,
+        backbone: bool = False,
+    ) -> torch.Tensor:
+        """(B, T, V) logits; with `keep` (row r's position keep[r]), (B, 1, V); with
+        backbone, the final hidden states instead of logits."""
+        inner = self.inner
+        h = inner.embed_tokens.forward(input_ids)  # (B, T, H)
+        cos, sin = inner.rotary_emb.forward(h, position_ids)
+        b, t = input_ids.shape
+        for i, layer in enumerate(self._layers):
+            a = layer.self_attn
+            x = layer.input_layernorm.forward(h)
+            shape = (b, t, -1, a.head_dim)
+            q = a.q_proj.forward(x).view(shape).transpose(1, 2)  # (B, heads, T, D)
+            k = a.k_proj.forward(x).view(shape).transpose(1, 2)
+            v = a.v_proj.forward(x).view(shape).transpose(1, 2)
+            q, k = self._rotary(q, k, cos, sin)
+            k, v = cache.update(k, v, i)
+            extra = {"sliding_window": a.sliding_window} if hasattr(a, "sliding_window") else {}
+            o, _ = self._attention(
+                a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling, **extra
+            )
+            h = h + a.o_proj.forward(o.reshape(b, t, -1).contiguous())
+            x = layer.post_attention_layernorm.forward(h)
+            m = layer.mlp
+            h = h + m.down_proj.forward(m.act_fn(m.gate_proj.forward(x)) * m.up_proj.forward(x))
+        if keep is not None and b > 1:
+            h = h[torch.arange(b), torch.tensor(keep)][:, None]  # (B, 1, H)
+        elif keep is not None:  # two positions, not one: BLAS rounds a one-row product
+            h = h[:, max(0, t - 2) :]  # otherwise than a several-row one (as the full head)
+        h = inner.norm.forward(h)
+        out = h if backbone else self.model.lm_head.forward(h)
+        return out[:, -1:] if keep is not None else out
+
+
+def build_decoder(model: Any, kwarg: str) -> LeanDecoder | None:
+    """A LeanDecoder for `model` when its family is one of FAMILIES and its logits equal
+    the model's own forward bitwise on a scratch slot cache (several rows of different
+    lengths, one token and several); None otherwise, with the reason logged."""
+    kind = getattr(model.config, "model_type", None)
+    if kind not in FAMILIES:
+        log.info("%s: transformers forward (lean decoder not checked for this family)", kind)
+        return None
+    try:
+        lean = LeanDecoder(model)
+        if _parity(model, kwarg, lean):
+            return lean
+        log.warning("%s: transformers forward (lean decoder's logits differ)", kind)
+    except Exception as exc:  # an unexpected layout: keep the model's own forward
+        log.warning("%s: transformers forward (lean decoder failed: %s)", kind, exc)
+    return None
+
+
+def _parity(model: Any, kwarg: str, lean: LeanDecoder) -> bool:
+    from gateway.engine.batch.forward import batched_forward
+    from gateway.engine.batch.slots import SlotCache
+
+    layers = int(model.config.num_hidden_layers)
+    device = next(model.parameters()).device
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    caches = [SlotCache(layers, 2, 64, pad=8) for _ in range(2)]
+    steps = [  # (slots, feeds, keep_last)
+        ([0], [[3, 5, 7, 9]], True), ([0, 1], [[11], [4, 6]], False), ([1], [[8]], False),
+        ([0, 1], [[2, 4], [5]], True), ([0, 1], [[2], [5]], False),
+    ]  # fmt: skip
+    with torch.inference_mode():
+        for cache in caches:
+            cache.take(), cache.take()
+        for slots, feeds, last in steps:
+            feeds = [[x % vocab for x in f] for f in feeds]
+            ref = batched_forward(model, kwarg, caches[0], slots, feeds, device, keep_last=last)
+            got = batched_forward(
+                model, kwarg, caches[1], slots, feeds, device, keep_last=last, decoder=lean
+            )
+            if not all(torch.equal(a, b) for a, b in zip(ref, got, strict=True)):
+                return False
+            for c in caches:
+                for s, f in zip(slots, feeds, strict=True):
+                    c.length[s] += len(f)
+    return True
