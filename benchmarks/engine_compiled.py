@@ -8,8 +8,8 @@ Each measurement runs in a process of its own: a cold one (fresh TORCHINDUCTOR_C
 compiles, then times eager and compiled rounds alternately) and a warm one on the same
 cache (how long a restart's warm-up takes). tokens/s = generated tokens / wall time of the
 batch, every row joining at step 0. `identical` counts rows whose compiled output equals
-the eager output token for token. llama.cpp is not part of this run (it is not built here;
-its numbers from ../shared/notes are quoted in the README, measured on another day).
+the eager output token for token. llama.cpp is measured side by side with the gateway, eager
+and compiled, over HTTP in `python -m benchmarks llamacpp` (benchmarks/llamacpp.py).
 """
 
 from __future__ import annotations
@@ -100,5 +100,6 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         "setup": {"rows_compiled_for": 8, "draft": "demo-code-draft@2", "greedy": True},
         "cold": cold,
         "restart_warmup_s": warm["warmup_s"],
-        "llama_cpp": "not run here (not built); see README",
+        "llama_cpp": "side by side over HTTP in benchmarks/reports/llamacpp.json "
+        "(python -m benchmarks llamacpp: eager and compiled gateway against llama-server)",
     }

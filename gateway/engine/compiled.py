@@ -1,22 +1,29 @@
-"""A compiled forward for the batch path: torch.compile (inductor) over the model's own
-forward, with the slot cache of batch/slots.py.
+"""A compiled decode step for the batch path: torch.compile (inductor) over the lean decoder
+(batch/decoder.py), writing into and reading from the slot cache of batch/slots.py.
 
-Why: at the demo sizes an eager step spends most of its time in Python and dispatch, about
-a millisecond per layer; inductor fuses the norms, rotary embeddings and activations and
-runs the layer as a few generated kernels.
+Why: at the demo sizes an eager step is mostly per-op overhead; inductor fuses the norms,
+rotary embeddings, activations and residuals around the matrix products and runs a layer
+as a few generated kernels. The lean decoder is what is compiled, not transformers' model
+forward: it is a plain function of tensors (its cache writes are index_put_ into the
+pre-allocated slot buffers, its reads a gather of the step's rows up to the key span), so
+it traces into one graph without breaks, and compiles several times faster.
 
-Shapes. A batch step is (rows, tokens) over a key span that grows by a token a step. The
-model is compiled with dynamic shapes, so one graph covers every row count, token count and
-span of one kind of step; the kinds are one row feeding one token (no mask, slice writes
-into the slot), one row feeding several, and several rows (index writes, a mask), so a
-handful of graphs cover every step. `warm_up` compiles them at start, before the gateway
-says it is ready, and inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR) makes a restart
-quick.
+Which steps: decode and verify steps of the target (each row's logits at every fed
+position) and drafting steps of a draft (the last position's logits, or hidden states for
+a reduced head), up to MAX_TOKENS tokens a row. Prefill chunks run the eager lean decoder:
+they are long matrix products, where overhead is small.
 
-Exactness: the compiled kernels compute the same math in another order, so logits may
-differ in the last bits; greedy outputs are compared token for token with eager ones in
-tests/unit/engine/test_compiled.py, and `python -m benchmarks engine_compiled` counts
-partings on the held-out prompts.
+Shapes: dynamic, so a handful of graphs cover every step: torch specialises sizes of 1,
+so the kinds are one row x several tokens, several rows x one, several x several. One row
+x one token runs the eager lean decoder: it was faster there (a view of the row's cache,
+no mask, against a gather and a mask; `python -m benchmarks engine_compiled`). `warm_up`
+compiles them at start, before the gateway says it is ready; inductor's on-disk cache
+(TORCHINDUCTOR_CACHE_DIR) makes a restart quicker.
+
+Exactness: fused kernels compute the same math in another order, so logits may differ from
+eager in the last bits and a greedy choice may part at a near tie;
+tests/unit/engine/test_compiled.py compares greedy outputs with eager ones, and
+`python -m benchmarks engine_compiled` counts partings on the held-out prompts.
 """
 
 from __future__ import annotations
@@ -30,71 +37,137 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from gateway.engine.batch.decoder import LeanDecoder
+    from gateway.engine.batch.slots import SlotCache
     from gateway.engine.models import LoadedModel
 
 log = logging.getLogger("gateway.engine.compiled")
 
+MAX_TOKENS = 16  # tokens a row feeds in a compiled step; longer feeds (prefill) run eager
+
 
 @dataclass(frozen=True)
 class CompiledForwards:
-    """The model's forward and its backbone's (no output head: drafting with a reduced
-    head, draft prefill), each compiled once."""
+    """A model's compiled step, built for one use: `keep_last` (a draft's drafting step:
+    the last position only) or every position (the target's verify step); `backbone`:
+    hidden states instead of logits (a draft with a reduced head)."""
 
-    full: Callable[..., Any]
-    backbone: Callable[..., Any]
+    step: Callable[..., torch.Tensor]
+    keep_last: bool
+    backbone: bool
+
+    def serves(self, rows: int, tokens: int, keep_last: bool, backbone: bool) -> bool:
+        """Whether this step runs compiled: a step of the kind it was built for, up to
+        MAX_TOKENS tokens a row, and not one row x one token (eager is faster there: it
+        reads the row's cache as a view and needs no mask; measured in engine_compiled)."""
+        return (
+            rows * tokens > 1
+            and tokens <= MAX_TOKENS
+            and (keep_last, backbone) == (self.keep_last, self.backbone)
+        )
+
+    def __call__(
+        self, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+        rows: torch.Tensor, positions: torch.Tensor, cache: SlotCache, keep: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        keys, values = cache.buffers()
+        return self.step(ids, mask, position_ids, rows, positions, keys, values, keep)
 
 
-def compile_forwards(model: Any) -> CompiledForwards:
+def _step(
+    lean: LeanDecoder, keep_last: bool, backbone: bool, ids: torch.Tensor, mask: torch.Tensor,
+    position_ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+    keys: list[torch.Tensor], values: list[torch.Tensor], keep: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """The lean decoder's layers as one function of tensors. ids, position_ids, positions:
+    (B, T); rows: (B,) slots; mask: (B, 1, T, S) additive, S the key span; keep: (B,) the
+    position kept per row (used with keep_last). keys/values: each layer's slot buffers
+    (slots, kv_heads, capacity, D), written at (rows, positions) in place."""
+    inner = lean.inner
+    span = mask.shape[-1]
+    h = inner.embed_tokens.forward(ids)  # (B, T, H)
+    cos, sin = inner.rotary_emb.forward(h, position_ids)
+    b, t = ids.shape
+    heads = torch.arange(keys[0].shape[1], device=ids.device)
+    where = (rows[:, None, None], heads[None, :, None], positions[:, None, :])  # (B, kvH, T)
+    for i, layer in enumerate(lean._layers):
+        a = layer.self_attn
+        x = layer.input_layernorm.forward(h)
+        shape = (b, t, -1, a.head_dim)
+        q = a.q_proj.forward(x).view(shape).transpose(1, 2)  # (B, heads, T, D)
+        k = a.k_proj.forward(x).view(shape).transpose(1, 2)
+        v = a.v_proj.forward(x).view(shape).transpose(1, 2)
+        q, k = lean._rotary(q, k, cos, sin)
+        keys[i].index_put_(where, k)
+        values[i].index_put_(where, v)
+        k_all, v_all = keys[i][rows, :, :span], values[i][rows, :, :span]  # (B, kvH, S, D)
+        extra = {"sliding_window": a.sliding_window} if hasattr(a, "sliding_window") else {}
+        o, _ = lean._attention(a, q, k_all, v_all, mask, dropout=0.0, scaling=a.scaling, **extra)
+        h = h + a.o_proj.forward(o.reshape(b, t, -1).contiguous())
+        x = layer.post_attention_layernorm.forward(h)
+        m = layer.mlp
+        h = h + m.down_proj.forward(m.act_fn(m.gate_proj.forward(x)) * m.up_proj.forward(x))
+    if keep_last:
+        h = h[torch.arange(b, device=ids.device), keep][:, None]  # (B, 1, H)
+    h = inner.norm.forward(h)
+    return h if backbone else lean.model.lm_head.forward(h)
+
+
+def compile_forwards(lean: LeanDecoder, keep_last: bool, backbone: bool) -> CompiledForwards:
     """Compile lazily: nothing is traced until the first call (`warm_up` makes it)."""
-    return CompiledForwards(
-        full=torch.compile(model, dynamic=True),
-        backbone=torch.compile(model.base_model, dynamic=True),
-    )
+
+    def step(*args: Any) -> torch.Tensor:
+        return _step(lean, keep_last, backbone, *args)
+
+    return CompiledForwards(torch.compile(step, dynamic=True), keep_last, backbone)
 
 
 def compiled_model(
     lm: LoadedModel, max_rows: int, draft: bool = False,
     progress: Callable[[str], None] = log.info,
 ) -> tuple[LoadedModel, float]:  # fmt: skip
-    """``lm`` with compiled forwards, every kind of batch step already compiled on a slot
-    cache of the batch's own shapes (so serving compiles nothing more); and the seconds the
-    warm-up took. A draft warms its backbone too: draft prefill and reduced-head drafting
-    run through it."""
-    out = replace(lm, compiled=compile_forwards(lm.model))
-    return out, warm_up(out, max_rows, draft, progress)
+    """``lm`` with its compiled step (a draft's: drafting, with its reduced head's backbone
+    if it has one; a target's: verify), every kind of step already compiled on a slot cache
+    of the batch's own shapes (so serving compiles nothing more); and the seconds the
+    warm-up took. Raises ValueError for a model without a lean decoder (its family was not
+    checked, batch/decoder.py): it runs eager."""
+    if lm.decoder is None:
+        raise ValueError("only models the lean decoder runs are compiled (Llama, Mistral, Qwen2)")
+    backbone = draft and lm.draft_head is not None
+    out = replace(lm, compiled=compile_forwards(lm.decoder, keep_last=draft, backbone=backbone))
+    return out, warm_up(out, max_rows, progress)
 
 
-def warm_up(
-    lm: LoadedModel, max_rows: int, draft: bool = False,
-    progress: Callable[[str], None] = log.info,
-) -> float:  # fmt: skip
-    """Trace and compile every kind of batch step (one row x one token, one row x several,
-    several rows x one, several x several) on a scratch cache shaped like a batch's; returns
-    the seconds spent."""
+def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = log.info) -> float:
+    """Trace and compile every kind of step (one row x several tokens, several rows x one,
+    several x several) on a scratch cache shaped like a batch's; returns the seconds
+    spent."""
     from gateway.engine.batch.forward import batched_forward
     from gateway.engine.batch.slots import SlotCache, slot_pad
     from gateway.engine.models import cache_kwarg
 
-    assert lm.compiled is not None
+    fast = lm.compiled
+    assert fast is not None
     model = lm.model
     kwarg = cache_kwarg(model)
     layers = int(model.config.num_hidden_layers)
-    cache = SlotCache(layers, max_rows, lm.context_length, pad=slot_pad())
-    heads = (False, True) if draft else (False,)
-    row_counts = (1, 2) if max_rows > 1 else (1,)
-    kinds = [(rows, t, bb) for bb in heads for rows in row_counts for t in (1, 2, 5)]
+    cache = SlotCache(layers, max(2, max_rows), lm.context_length, pad=slot_pad())
+    kinds = [(1, 3), (2, 1), (2, 3)]
     t0 = time.perf_counter()
     with torch.inference_mode():
-        for i, (rows, t, bb) in enumerate(kinds, 1):
-            slots = list(range(rows))
-            for s in slots:
-                cache.length[s] = 3 + s  # rows of different lengths, as in a real batch
+        slots = [cache.take(), cache.take()]
+        fill = [[1, 2, 3], [1, 2, 3, 4]]  # rows of different lengths, as in a real batch
+        batched_forward(model, kwarg, cache, slots, fill, lm.device, decoder=lm.decoder)
+        for i, (rows, t) in enumerate(kinds, 1):
+            for s, f in zip(slots, fill, strict=True):
+                cache.length[s] = len(f)
             batched_forward(
-                model, kwarg, cache, slots, [[1] * t] * rows, lm.device,
-                backbone=bb, compiled=lm.compiled,
+                model, kwarg, cache, slots[:rows], [[1] * t] * rows, lm.device,
+                keep_last=fast.keep_last, backbone=fast.backbone, compiled=fast,
+                decoder=lm.decoder,
             )  # fmt: skip
             progress(
                 f"compiling {lm.path}: step kind {i}/{len(kinds)} ({rows} row(s) x {t} "
-                f"token(s){', backbone' if bb else ''}), {time.perf_counter() - t0:.1f} s"
+                f"token(s)), {time.perf_counter() - t0:.1f} s"
             )
     return time.perf_counter() - t0

@@ -36,8 +36,9 @@ def batched_forward(
     """Logits per row: (len(tokens[r]), V) each, or (1, V) of the last token with keep_last;
     with backbone, the last hidden states instead ((.., H), the output head skipped).
     Writes each row's tokens into its slot at length[slot].. (the caller commits). With
-    `compiled`, the model's compiled forwards run the step (engine/compiled.py); else with
-    `decoder`, the lean forward (batch/decoder.py: same logits, less overhead)."""
+    `compiled`, the model's compiled step runs the steps it was built for (engine/compiled.py);
+    the others run `decoder`, the lean forward (batch/decoder.py: the same logits as the
+    model's forward, less overhead), or without one the model's own forward."""
     b, t = len(slots), max(len(x) for x in tokens)
     starts = [cache.length[s] for s in slots]
     if any(st + len(x) > cache.capacity for st, x in zip(starts, tokens, strict=True)):
@@ -53,10 +54,23 @@ def batched_forward(
     position_ids = torch.minimum(positions, last[:, None])  # (B, T)
     span = max(st + len(row) for st, row in zip(starts, tokens, strict=True))
     window = _sliding_window(model)
+    lengths = [len(x) for x in tokens]
+    dtype = _float_dtype(model)
+    if compiled is not None and compiled.serves(b, t, keep_last, backbone) and cache.allocated:
+        out = compiled(
+            ids.to(device),
+            _mask(positions, start, lengths, span, window, dtype).to(device),
+            position_ids.to(device),
+            torch.tensor(slots, device=device),
+            positions.to(device),
+            cache,
+            torch.tensor(lengths, device=device) - 1,
+        )  # fmt: skip  (B, T or 1, H or V)
+        return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
     # One row feeding one token sees its whole slot: no mask needed (the fast SDPA path).
     mask = None
     if b > 1 or t > 1 or window is not None:
-        mask = _mask(positions, start, [len(x) for x in tokens], span, window, _float_dtype(model))
+        mask = _mask(positions, start, lengths, span, window, dtype)
     if b == 1:
         cache.step_single = (slots[0], starts[0])
     else:
@@ -66,8 +80,8 @@ def batched_forward(
         lo = min(slots)
         cache.step_range = (lo, lo + b) if slots == list(range(lo, lo + b)) else None
     cache.step_span = span
-    if compiled is None and decoder is not None:
-        keep = [len(x) - 1 for x in tokens] if keep_last else None
+    if decoder is not None:
+        keep = [n - 1 for n in lengths] if keep_last else None
         out = decoder(
             ids.to(device),
             None if mask is None else mask.to(device),
@@ -76,11 +90,8 @@ def batched_forward(
             keep=keep,
             backbone=backbone,
         )  # fmt: skip  (B, T or 1, H or V)
-        return [out[r, : 1 if keep_last else len(x)] for r, x in enumerate(tokens)]
-    if compiled is not None:
-        forward = compiled.backbone if backbone else compiled.full
-    else:
-        forward = model.base_model if backbone else model
+        return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
+    forward = model.base_model if backbone else model
     out = forward(
         input_ids=ids.to(device),
         attention_mask=None if mask is None else mask.to(device),

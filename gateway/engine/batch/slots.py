@@ -116,6 +116,19 @@ class SlotCache(Cache):
         self.free.append(slot)
 
     @property
+    def allocated(self) -> bool:
+        """Whether the buffers exist (they are allocated by the first forward)."""
+        return all(isinstance(layer, SlotLayer) and layer.is_initialized for layer in self.layers)
+
+    def buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer's key and value buffers (slots, kv_heads, capacity + pad, D)."""
+        layers = [layer for layer in self.layers if isinstance(layer, SlotLayer)]
+        keys = [layer.keys for layer in layers]
+        values = [layer.values for layer in layers]
+        assert all(x is not None for x in keys + values), "no forward has run yet"
+        return keys, values  # type: ignore[return-value]
+
+    @property
     def in_use(self) -> int:
         return self.slots - len(self.free)
 

@@ -37,8 +37,8 @@ def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(model_dirs, arch)
 
     for a, b in zip(eager, got, strict=True):
         assert b.token_ids == a.token_ids
-    # the warm-up compiled a handful of graphs (one row x one token, one row x several,
-    # several rows, for the target and the draft's full and backbone forwards), and the
-    # batch, whatever its lengths and row counts, compiled nothing more
-    assert 0 < warm - graphs <= 12
+    # the warm-up compiled a handful of graphs (one row x several tokens, several rows x
+    # one, several x several; for the target's verify and the draft's drafting step), and
+    # the batch, whatever its lengths and row counts, compiled nothing more
+    assert 0 < warm - graphs <= 6
     assert counters["stats"]["unique_graphs"] == warm
