@@ -88,7 +88,7 @@ def _stream(
 
 def _level(
     url: str, key: str, prompts: list[str], clients: int, per_client: int,
-    decoding: dict[str, Any], alone: dict[str, str],
+    decoding: dict[str, Any], alone: dict[str, str], keepalive: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     work = [
         [prompts[(c * per_client + i) % len(prompts)] for i in range(per_client)]
@@ -96,7 +96,8 @@ def _level(
     ]
 
     def client_run(mine: list[str]) -> list[dict[str, Any]]:
-        with httpx.Client(base_url=url, timeout=600) as client:
+        limits = httpx.Limits(max_keepalive_connections=None if keepalive else 0)
+        with httpx.Client(base_url=url, timeout=600, limits=limits) as client:
             return [_stream(client, key, p, decoding) for p in mine]
 
     t0 = time.perf_counter()

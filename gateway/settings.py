@@ -61,12 +61,14 @@ class Settings:
     to the next where the two are close (seen on a 2-core AMD EPYC: 1 start in 5 chose
     weight-major); pin it for reproducible speed."""
     compile: bool = False
-    """Compile the batch path's target and draft forwards with torch.compile (inductor)
-    at start: every manifest model loads and compiles before the gateway serves (the demo
-    pair took 259 s on a 2-core CPU, and about as long again from inductor's cache, kept in
-    var/compile-cache unless TORCHINDUCTOR_CACHE_DIR is set). Off by default: on that CPU
-    it did not decode faster (README, "Compiled step"). A model that fails to compile runs
-    eager (a log line says why), as does a draft registered while the gateway runs."""
+    """Compile the batch path's decode steps with torch.compile (inductor) at start
+    (gateway/engine/compiled.py; Llama, Mistral and Qwen2 families, the ones the lean
+    decoder runs; others stay eager with a log line): every manifest model loads and
+    compiles before the gateway says it is ready. On a 2-core CPU the demo pair took 73 s
+    cold and 17 s from inductor's cache (var/compile-cache unless TORCHINDUCTOR_CACHE_DIR is
+    set), and decoded 1.2-1.4x faster at 8 rows, 1.0-1.2x at 1 row (README, "Compiled
+    step"). Off by default because of that start-up time. A draft registered while the
+    gateway runs stays eager."""
     torch_threads: int | None = None
     """CPU threads of the inference thread's torch kernels; default torch's own choice (the
     physical cores). The inference thread is the only one that runs torch."""
