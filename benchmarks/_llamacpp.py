@@ -20,12 +20,11 @@ import socket
 import subprocess
 import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
+from benchmarks._server import wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 HOME = Path(os.environ.get("LLAMA_CPP_HOME", ROOT / "var" / "llamacpp"))
@@ -131,16 +130,7 @@ def server(draft: str | None, slots: int, threads: int = 2, n_max: int = 8) -> I
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("llama-server did not start: " + log.read_text()[-3000:])
-            time.sleep(0.3)
+        wait_ready(url, proc, log, timeout=120, path="/health", name="llama-server")
         yield url
     finally:
         proc.terminate()

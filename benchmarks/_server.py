@@ -42,20 +42,23 @@ class Running:
         return str(r.json()["key"])
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
-    """Poll GET {url}/ready until 200; raise with the server log's tail if the process exits
+def wait_ready(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300,
+    path: str = "/ready", name: str = "gateway",
+) -> None:  # fmt: skip
+    """Poll GET {url}{path} until 200; raise with the server log's tail if the process exits
     or `timeout` seconds pass (model loading on a busy 2-core machine takes a while). Also
-    used by the integration tests' process launcher."""
+    used by the integration tests' process launcher and for llama-server (_llamacpp.py)."""
     deadline = time.time() + timeout
     while True:
         try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
-            raise RuntimeError("gateway did not become ready: " + log.read_text()[-4000:])
+            raise RuntimeError(f"{name} did not become ready: " + log.read_text()[-4000:])
         time.sleep(0.5)
 
 

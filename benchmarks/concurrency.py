@@ -22,7 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -204,11 +206,11 @@ def _alone(url: str, key: str, prompts: list[str]) -> dict[str, str]:
         return {p: _stream(c, key, p, MODES["standard"])["text"] for p in prompts}
 
 
-def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
-    prompts = _prompts()
-    per_client = 1 if quick else 2
-    clients = (1, 8) if quick else CLIENTS
-    results: dict[str, dict[str, Any]] = {m: {} for m in MODES}
+@contextmanager
+def batch_gateway(prompts: list[str], **env: str) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """A gateway on the demo pair (draft v2) with 16 batch rows, a tenant allowed to pick
+    its decoding, warmed up in every mode; yields its URL, the tenant's key and each
+    prompt's standard text served alone (the reference for `identical_to_alone`)."""
     with (
         tempfile.TemporaryDirectory() as tmp,
         gateway(
@@ -216,16 +218,25 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             GATEWAY_MAX_ACTIVE="32",
             GATEWAY_QUEUE_CAPACITY="64",
             GATEWAY_MODELS=str(_manifest(Path(tmp))),
+            **env,
         ) as gw,
     ):
         key = gw.tenant("bench", {"client_override": {"allow": True}})
         with httpx.Client(base_url=gw.url, timeout=600) as c:
             for d in MODES.values():
                 _stream(c, key, prompts[0], d)  # warm-up (the draft loads on first use)
-        alone = _alone(gw.url, key, prompts)
+        yield gw.url, key, _alone(gw.url, key, prompts)
+
+
+def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
+    prompts = _prompts()
+    per_client = 1 if quick else 2
+    clients = (1, 8) if quick else CLIENTS
+    results: dict[str, dict[str, Any]] = {m: {} for m in MODES}
+    with batch_gateway(prompts) as (url, key, alone):
         for n in clients:
             for name, decoding in MODES.items():
-                level = _level(gw.url, key, prompts, n, per_client, decoding, alone)
+                level = _level(url, key, prompts, n, per_client, decoding, alone)
                 results[name][str(n)] = level
                 print(f"   {name:11} {n:2} clients: {level}", flush=True)
     sizes = (1, 8) if quick else (1, 8, 16)

@@ -22,16 +22,13 @@ minutes), under var/llamacpp/. It is an optional extra: `make test` never runs t
 from __future__ import annotations
 
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from benchmarks import _llamacpp
-from benchmarks._server import gateway
-from benchmarks.concurrency import MODES, _alone, _level, _prompts, _stream
-from benchmarks.http import _manifest
+from benchmarks.concurrency import MODES, _level, _prompts, _stream, batch_gateway
 
 CLIENTS = (1, 8)
 COMPILE_CACHE = _llamacpp.ROOT / "var" / "bench-compile-cache"  # shared by the rounds
@@ -42,25 +39,14 @@ def _gateway_side(
     prompts: list[str], per_client: int, compiled: bool
 ) -> tuple[dict[str, Any], dict[str, str]]:
     out: dict[str, Any] = {}
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        gateway(
-            GATEWAY_COMPILE="true" if compiled else "false",
-            TORCHINDUCTOR_CACHE_DIR=str(COMPILE_CACHE),
-            GATEWAY_MAX_BATCH="16",
-            GATEWAY_MAX_ACTIVE="32",
-            GATEWAY_QUEUE_CAPACITY="64",
-            GATEWAY_MODELS=str(_manifest(Path(tmp))),
-        ) as gw,
-    ):
-        key = gw.tenant("bench", {"client_override": {"allow": True}})
-        with httpx.Client(base_url=gw.url, timeout=600) as c:
-            for d in MODES.values():
-                _stream(c, key, prompts[0], d)  # warm-up (the draft loads on first use)
-        alone = _alone(gw.url, key, prompts)
+    with batch_gateway(
+        prompts,
+        GATEWAY_COMPILE="true" if compiled else "false",
+        TORCHINDUCTOR_CACHE_DIR=str(COMPILE_CACHE),
+    ) as (url, key, alone):
         for mode, decoding in MODES.items():
             for n in CLIENTS:
-                out[f"{mode}_{n}"] = _level(gw.url, key, prompts, n, per_client, decoding, alone)
+                out[f"{mode}_{n}"] = _level(url, key, prompts, n, per_client, decoding, alone)
     return out, alone
 
 

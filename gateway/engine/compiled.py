@@ -83,34 +83,19 @@ def _step(
     (B, T); rows: (B,) slots; mask: (B, 1, T, S) additive, S the key span; keep: (B,) the
     position kept per row (used with keep_last). keys/values: each layer's slot buffers
     (slots, kv_heads, capacity, D), written at (rows, positions) in place."""
-    inner = lean.inner
     span = mask.shape[-1]
-    h = inner.embed_tokens.forward(ids)  # (B, T, H)
-    cos, sin = inner.rotary_emb.forward(h, position_ids)
-    b, t = ids.shape
     heads = torch.arange(keys[0].shape[1], device=ids.device)
     where = (rows[:, None, None], heads[None, :, None], positions[:, None, :])  # (B, kvH, T)
-    for i, layer in enumerate(lean._layers):
-        a = layer.self_attn
-        x = layer.input_layernorm.forward(h)
-        shape = (b, t, -1, a.head_dim)
-        q = a.q_proj.forward(x).view(shape).transpose(1, 2)  # (B, heads, T, D)
-        k = a.k_proj.forward(x).view(shape).transpose(1, 2)
-        v = a.v_proj.forward(x).view(shape).transpose(1, 2)
-        q, k = lean._rotary(q, k, cos, sin)
+
+    def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys[i].index_put_(where, k)
         values[i].index_put_(where, v)
-        k_all, v_all = keys[i][rows, :, :span], values[i][rows, :, :span]  # (B, kvH, S, D)
-        extra = {"sliding_window": a.sliding_window} if hasattr(a, "sliding_window") else {}
-        o, _ = lean._attention(a, q, k_all, v_all, mask, dropout=0.0, scaling=a.scaling, **extra)
-        h = h + a.o_proj.forward(o.reshape(b, t, -1).contiguous())
-        x = layer.post_attention_layernorm.forward(h)
-        m = layer.mlp
-        h = h + m.down_proj.forward(m.act_fn(m.gate_proj.forward(x)) * m.up_proj.forward(x))
+        return keys[i][rows, :, :span], values[i][rows, :, :span]  # (B, kvH, S, D)
+
+    h = lean.hidden(ids, position_ids, mask, kv)
     if keep_last:
-        h = h[torch.arange(b, device=ids.device), keep][:, None]  # (B, 1, H)
-    h = inner.norm.forward(h)
-    return h if backbone else lean.model.lm_head.forward(h)
+        h = h[torch.arange(ids.shape[0], device=ids.device), keep][:, None]  # (B, 1, H)
+    return lean.head(h, backbone)
 
 
 def compile_forwards(lean: LeanDecoder, keep_last: bool, backbone: bool) -> CompiledForwards:

@@ -34,6 +34,8 @@ import torch
 
 log = logging.getLogger("gateway.engine.decoder")
 
+KeyValues = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
 FAMILIES = ("llama", "mistral", "qwen2")  # model_type values checked in the tests
 
 
@@ -55,18 +57,20 @@ class LeanDecoder:
             cfg._attn_implementation, family.eager_attention_forward
         )
         self._layers = list(self.inner.layers[: cfg.num_hidden_layers])
+        self._extra = [  # what the family's attention call passes besides the tensors
+            {"sliding_window": layer.self_attn.sliding_window}
+            if hasattr(layer.self_attn, "sliding_window") else {}
+            for layer in self._layers
+        ]  # fmt: skip
 
-    def __call__(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        position_ids: torch.Tensor,
-        cache: Any,
-        keep: list[int] | None = None,
-        backbone: bool = False,
-    ) -> torch.Tensor:
-        """(B, T, V) logits; with `keep` (row r's position keep[r]), (B, 1, V); with
-        backbone, the final hidden states instead of logits."""
+    def hidden(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None, kv: KeyValues,
+    ) -> torch.Tensor:  # fmt: skip
+        """(B, T, H) hidden states after the last layer (before the final norm). `kv(i, k,
+        v)` stores layer i's new keys and values (B, kv_heads, T, D) and returns the keys and
+        values the step attends to: the cache's update (here) or the compiled step's writes
+        into the slot buffers (engine/compiled.py)."""
         inner = self.inner
         h = inner.embed_tokens.forward(input_ids)  # (B, T, H)
         cos, sin = inner.rotary_emb.forward(h, position_ids)
@@ -79,21 +83,41 @@ class LeanDecoder:
             k = a.k_proj.forward(x).view(shape).transpose(1, 2)
             v = a.v_proj.forward(x).view(shape).transpose(1, 2)
             q, k = self._rotary(q, k, cos, sin)
-            k, v = cache.update(k, v, i)
-            extra = {"sliding_window": a.sliding_window} if hasattr(a, "sliding_window") else {}
+            k, v = kv(i, k, v)
             o, _ = self._attention(
-                a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling, **extra
+                a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling, **self._extra[i]
             )
             h = h + a.o_proj.forward(o.reshape(b, t, -1).contiguous())
             x = layer.post_attention_layernorm.forward(h)
             m = layer.mlp
             h = h + m.down_proj.forward(m.act_fn(m.gate_proj.forward(x)) * m.up_proj.forward(x))
+        return h
+
+    def head(self, h: torch.Tensor, backbone: bool) -> torch.Tensor:
+        """The final norm, then the output head unless `backbone`."""
+        h = self.inner.norm.forward(h)
+        return h if backbone else self.model.lm_head.forward(h)
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        cache: Any,
+        keep: list[int] | None = None,
+        backbone: bool = False,
+    ) -> torch.Tensor:
+        """(B, T, V) logits; with `keep` (row r's position keep[r]), (B, 1, V); with
+        backbone, the final hidden states instead of logits."""
+        h = self.hidden(
+            input_ids, position_ids, attention_mask, lambda i, k, v: cache.update(k, v, i)
+        )
+        b, t = input_ids.shape
         if keep is not None and b > 1:
             h = h[torch.arange(b), torch.tensor(keep)][:, None]  # (B, 1, H)
         elif keep is not None:  # two positions, not one: BLAS rounds a one-row product
             h = h[:, max(0, t - 2) :]  # otherwise than a several-row one (as the full head)
-        h = inner.norm.forward(h)
-        out = h if backbone else self.model.lm_head.forward(h)
+        out = self.head(h, backbone)
         return out[:, -1:] if keep is not None else out
 
 
