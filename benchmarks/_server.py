@@ -63,7 +63,9 @@ def wait_ready(
 
 
 @contextmanager
-def gateway(**env: str) -> Iterator[Running]:
+def gateway(module: str = "gateway", cwd: Path | None = None, **env: str) -> Iterator[Running]:
+    """A gateway process (`python -m {module}`: benchmarks._phases runs it instrumented),
+    from the checkout at `cwd` (this one by default)."""
     if not MANIFEST.exists():
         raise FileNotFoundError(f"{MANIFEST} is missing: train the demo models first")
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,7 +85,7 @@ def gateway(**env: str) -> Iterator[Running]:
         }
         log = open(f"{tmp}/server.log", "wb")  # noqa: SIM115 - closed below
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway"], env=full_env, stdout=log, stderr=log
+            [sys.executable, "-m", module], env=full_env, stdout=log, stderr=log, cwd=cwd or ROOT
         )
         url = f"http://127.0.0.1:{port}"
         try:

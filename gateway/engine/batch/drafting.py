@@ -168,13 +168,7 @@ class DraftBatch:
             decoder=d.decoder,
         )  # fmt: skip  [(1, V)] or [(1, H)]
         if head is not None:
-            h = torch.cat(out)  # (B, H)
-            apply = linear if head.weight_major else F.linear
-            sub = apply(h, head.weight, head.bias)  # (B, N)
-            full = torch.full(
-                (len(props), d.vocab_size), float("-inf"), dtype=h.dtype, device=h.device
-            )  # (B, V)
-            full[:, head.token_ids] = sub
+            full = self._head(torch.cat(out))  # (B, V)
             out = [full[r : r + 1] for r in range(len(props))]
         spent = time.perf_counter() - t0
         self.costs.observe(len(props), max(len(f) for f in feeds), spent)
@@ -184,3 +178,14 @@ class DraftBatch:
         self.forwards += 1
         self.forward_s += spent
         return out
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """The reduced head over hidden states (B, H): logits (B, V), -inf outside the
+        head's subset."""
+        head, d = self.draft.draft_head, self.draft
+        assert head is not None
+        apply = linear if head.weight_major else F.linear
+        sub = apply(h, head.weight, head.bias)  # (B, N)
+        full = torch.full((h.shape[0], d.vocab_size), float("-inf"), dtype=h.dtype, device=h.device)
+        index = head.token_ids[None].expand(h.shape[0], -1)  # (B, N)
+        return full.scatter_(1, index, sub)  # a third of the time of full[:, ids] = sub

@@ -10,6 +10,7 @@ what it keeps by setting `cache.length[slot]`; nothing is copied or cropped.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,30 +40,40 @@ def batched_forward(
     `compiled`, the model's compiled step runs the steps it was built for (engine/compiled.py);
     the others run `decoder`, the lean forward (batch/decoder.py: the same logits as the
     model's forward, less overhead), or without one the model's own forward."""
-    b, t = len(slots), max(len(x) for x in tokens)
-    starts = [cache.length[s] for s in slots]
-    if any(st + len(x) > cache.capacity for st, x in zip(starts, tokens, strict=True)):
-        raise ValueError("a row would write past its slot's capacity")
-    if any(st + t > cache.capacity + cache.pad for st in starts):
-        raise ValueError("a padded row would write past its slot's padding")
-    ids = torch.tensor([row + [0] * (t - len(row)) for row in tokens])  # (B, T), right-padded
-    start = torch.tensor(starts, dtype=torch.long)  # (B,)
-    positions = start[:, None] + torch.arange(t)[None, :]  # (B, T) write positions
-    # A padded token's position id is its row's last real one (learned position tables end
-    # at the context length; a padded output is dropped anyway).
-    last = torch.tensor([st + len(x) - 1 for st, x in zip(starts, tokens, strict=True)])
-    position_ids = torch.minimum(positions, last[:, None])  # (B, T)
-    span = max(st + len(row) for st, row in zip(starts, tokens, strict=True))
-    window = _sliding_window(model)
+    b = len(slots)
     lengths = [len(x) for x in tokens]
-    dtype = _float_dtype(model)
+    t = max(lengths)
+    starts = [cache.length[s] for s in slots]
+    if any(st + n > cache.capacity for st, n in zip(starts, lengths, strict=True)):
+        raise ValueError("a row would write past its slot's capacity")
+    if max(starts) + t > cache.capacity + cache.pad:
+        raise ValueError("a padded row would write past its slot's padding")
+    span = max(st + n for st, n in zip(starts, lengths, strict=True))
+    window, dtype = _facts(model)
+    empty = any(st == 0 and n < t for st, n in zip(starts, lengths, strict=True))
+    # Built as Python lists and turned into ONE tensor (B, T) x 4: a step's shaping used to
+    # be a dozen small torch ops, ~0.1 ms a forward. Per row: token ids right-padded with 0;
+    # position ids (a padded token's is its row's last real one: learned position tables
+    # end at the context length, and a padded output is dropped anyway); write positions
+    # (length onward); the last key each query sees (a padded query: the committed ones).
+    grid: list[list[int]] = [[], [], [], []]
+    for row, st, n in zip(tokens, starts, lengths, strict=True):
+        pad = t - n
+        grid[0] += [*row, *[0] * pad]
+        grid[1] += [*range(st, st + n), *[st + n - 1] * pad]
+        grid[2] += range(st, st + t)
+        grid[3] += [*range(st, st + n), *[st - 1] * pad]
+    packed = torch.tensor(grid).view(4, b, t)
+    ids, position_ids, positions, last_seen = packed[0], packed[1], packed[2], packed[3]
     if compiled is not None and compiled.serves(b, t, keep_last, backbone) and cache.allocated:
+        # Tensors of their own, not views of `packed`: a compiled graph guards on how its
+        # inputs are laid out, and views of one base compiled a graph per layout.
         out = compiled(
-            ids.to(device),
-            _mask(positions, start, lengths, span, window, dtype).to(device),
-            position_ids.to(device),
+            ids.to(device, copy=True),
+            _mask(last_seen, span, window, dtype, empty).to(device),
+            position_ids.to(device, copy=True),
             torch.tensor(slots, device=device),
-            positions.to(device),
+            positions.to(device, copy=True),
             cache,
             torch.tensor(lengths, device=device) - 1,
         )  # fmt: skip  (B, T or 1, H or V)
@@ -70,7 +81,7 @@ def batched_forward(
     # One row feeding one token sees its whole slot: no mask needed (the fast SDPA path).
     mask = None
     if b > 1 or t > 1 or window is not None:
-        mask = _mask(positions, start, lengths, span, window, dtype)
+        mask = _mask(last_seen, span, window, dtype, empty)
     if b == 1:
         cache.step_single = (slots[0], starts[0])
     else:
@@ -106,21 +117,58 @@ def batched_forward(
 
 
 def _mask(
-    positions: torch.Tensor, start: torch.Tensor, lengths: list[int], span: int,
-    window: int | None, dtype: torch.dtype,
-) -> torch.Tensor:  # fmt: skip
-    """(B, 1, T, S) additive: query j of row r sees keys 0..start[r] + j of its own slot (a
-    padded query j >= n_r sees the committed keys only), inside the sliding window."""
-    t = positions.shape[1]
-    n = torch.tensor(lengths, dtype=torch.long)  # (B,)
-    last_seen = torch.where(torch.arange(t)[None, :] < n[:, None], positions, start[:, None] - 1)
-    keys = torch.arange(span)  # (S,)
-    visible = keys[None, None, :] <= last_seen[:, :, None]  # (B, T, S)
+    last_seen: torch.Tensor, span: int, window: int | None, dtype: torch.dtype, empty: bool
+) -> torch.Tensor:
+    """(B, 1, T, S) additive: query j of row r sees keys 0..last_seen[r, j] of its own slot
+    (inside the sliding window); 0 where it sees, the dtype's minimum where it does not.
+    `empty`: some row has no committed key (its padded queries see key 0: no NaN)."""
+    seen = last_seen[:, None, :, None]  # (B, 1, T, 1)
+    keys = _keys(span)  # (S,)
+    visible = keys <= seen  # (B, 1, T, S)
     if window is not None:
-        visible &= keys[None, None, :] > last_seen[:, :, None] - window
-    visible |= (last_seen < 0)[:, :, None] & (keys == 0)[None, None, :]  # empty row: no NaN
-    mask = torch.zeros((positions.shape[0], 1, t, span), dtype=dtype)
-    return mask.masked_fill_(~visible[:, None], torch.finfo(dtype).min)
+        visible &= keys > seen - window
+    if empty:
+        visible |= (seen < 0) & (keys == 0)
+    zero, low = _fill(dtype)
+    return torch.where(visible, zero, low)
+
+
+_KEYS = torch.arange(0)
+_FILLS: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _keys(span: int) -> torch.Tensor:
+    """arange(span), sliced from one kept tensor (grown when a longer span comes)."""
+    global _KEYS
+    if _KEYS.shape[0] < span:
+        _KEYS = torch.arange(max(span, 2 * _KEYS.shape[0], 1024))
+    return _KEYS[:span]
+
+
+def _fill(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    fill = _FILLS.get(dtype)
+    if fill is None:
+        fill = _FILLS[dtype] = (
+            torch.zeros((), dtype=dtype), torch.tensor(torch.finfo(dtype).min, dtype=dtype)
+        )  # fmt: skip
+    return fill
+
+
+_FACTS: weakref.WeakKeyDictionary[Any, tuple[int | None, torch.dtype]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _facts(model: Any) -> tuple[int | None, torch.dtype]:
+    """A model's sliding window and float dtype, read once (a model's `dtype` walks its
+    parameters, ~10 us a call)."""
+    try:
+        facts = _FACTS.get(model)
+        if facts is None:
+            facts = _FACTS[model] = (_sliding_window(model), _float_dtype(model))
+    except TypeError:  # not weakly referenceable: read every time
+        facts = (_sliding_window(model), _float_dtype(model))
+    return facts
 
 
 def _sliding_window(model: Any) -> int | None:

@@ -45,16 +45,20 @@ def choose_batch_k(
     rows = len(cfgs)
     if not adaptive or target is None or not _measured(target, rows):
         return None
+    mine = {id(c) for c in adaptive}  # by identity: a LoopConfig compares field by field
     fixed = [(c, c.policy.choose()) for c in cfgs if c.proposer is not None and c.policy
-             and c not in adaptive]  # fmt: skip
+             and id(c) not in mine]  # fmt: skip
     standard = rows - len(adaptive) - len(fixed)
     k_hi = max(c.policy.k_max for c in adaptive if c.policy is not None)
     best_k, best_rate = 0, -1.0
+    # Looked up once per step, not once per candidate k (each lookup sorts and interpolates).
+    verify = [target.seconds(rows, 1 + k) or 0.0 for k in range(k_hi + 1)]
+    draft_one: dict[tuple[int, int], float | None] = {}
     for k in range(k_hi + 1):
         ks = [(c, _clamp(c, k)) for c in adaptive] + fixed
         widest = max(kc for _, kc in ks)
-        step_s = target.seconds(rows, 1 + widest) or 0.0
-        step_s += _draft_seconds(ks, drafts, target.seconds(rows, 1) or 0.0)
+        step_s = verify[widest] if widest <= k_hi else target.seconds(rows, 1 + widest) or 0.0
+        step_s += _draft_seconds(ks, drafts, verify[0], draft_one)
         tokens = standard + sum(
             expected_tokens(c.policy.acceptance, kc) for c, kc in ks if c.policy is not None
         )
@@ -82,17 +86,21 @@ def _draft_seconds(
     ks: list[tuple[LoopConfig, int]],
     drafts: Mapping[int, tuple[LoadedModel, ForwardCosts]],
     standard_s: float,
+    one_forward: dict[tuple[int, int], float | None],
 ) -> float:
     """Seconds of the shared draft forwards for these k: per draft, its deepest row's k
-    times one forward of its drafting rows (unmeasured: the rows' c times a standard step)."""
+    times one forward of its drafting rows (unmeasured: the rows' c times a standard step);
+    `one_forward` keeps the lookups of one step by (draft, rows)."""
     total = 0.0
-    for lm, costs in drafts.values():
+    for key, (lm, costs) in drafts.items():
         mine = [(c, kc) for c, kc in ks if isinstance(c.proposer, DraftModelProposer)
                 and c.proposer.draft is lm and kc > 0]  # fmt: skip
         if not mine:
             continue
         depth = max(kc for _, kc in mine)
-        one = costs.seconds(len(mine), 1)
+        if (key, len(mine)) not in one_forward:
+            one_forward[(key, len(mine))] = costs.seconds(len(mine), 1)
+        one = one_forward[(key, len(mine))]
         if one is None:
             one = max(c.policy.c for c, _ in mine if c.policy is not None) * standard_s
         total += depth * one
