@@ -46,6 +46,11 @@ class Settings:
     max_batch: int = 8
     """Rows of one target's continuous batch: requests that share every target forward.
     Each row reserves a KV slot of the target's full context length (see README)."""
+    prefill_chunk: int = 128
+    """Prompt tokens one batch step prefills at most (rows x longest chunk): a long prompt
+    enters the batch over several steps, so the rows already decoding wait one chunk per
+    step, not a whole prompt. Smaller: steadier inter-token latency for the others, a
+    longer time to first token for the arrival. At least 1."""
     kv_budget_tokens: int | None = None
     """KV cache budget of one target's batch, in tokens: its rows are capped at
     budget // context length (each row's slot holds a full context), at least 1; default
@@ -60,15 +65,18 @@ class Settings:
     keeps torch's. The timing takes about a second and can pick differently from one start
     to the next where the two are close (seen on a 2-core AMD EPYC: 1 start in 5 chose
     weight-major); pin it for reproducible speed."""
-    compile: bool = False
-    """Compile the batch path's decode steps with torch.compile (inductor) at start
-    (gateway/engine/compiled.py; Llama, Mistral and Qwen2 families, the ones the lean
-    decoder runs; others stay eager with a log line): every manifest model loads and
-    compiles before the gateway says it is ready. On a 2-core CPU the demo pair took 73 s
-    cold and 17 s from inductor's cache (var/compile-cache unless TORCHINDUCTOR_CACHE_DIR is
-    set), and decoded 1.2-1.4x faster at 8 rows, 1.0-1.2x at 1 row (README, "Compiled
-    step"). Off by default because of that start-up time. A draft registered while the
-    gateway runs stays eager."""
+    compile: str = "off"
+    """``off``, ``on`` or ``auto``: compile the batch path's decode steps with torch.compile
+    (inductor) at start (gateway/engine/compiled.py; Llama, Mistral and Qwen2 families, the
+    ones the lean decoder runs; others stay eager with a log line). Every manifest model
+    then loads and compiles before the gateway says it is ready. ``auto`` then times each
+    kind of step (one row x several tokens, several rows x one, several x several) compiled
+    and eager on this device and serves compiled only the kinds where it measured at least
+    3% faster (a model where none did runs eager; the log says which). On a 2-core CPU the
+    demo pair took 73 s cold and 17 s from inductor's cache (var/compile-cache unless
+    TORCHINDUCTOR_CACHE_DIR is set), and decoded 1.2-1.4x faster at 8 rows, 1.0-1.2x at 1
+    row (README, "Compiled step"). Off by default because of that start-up time. A draft
+    registered while the gateway runs stays eager. ``true``/``false`` mean on/off."""
     torch_threads: int | None = None
     """CPU threads of the inference thread's torch kernels; default torch's own choice (the
     physical cores). The inference thread is the only one that runs torch."""
@@ -117,15 +125,22 @@ class Settings:
             raw = env.get(f"GATEWAY_{f.name.upper()}")
             if raw is None:
                 continue
-            values[f.name] = _parse(raw, f.type)
+            values[f.name] = _parse(raw, f.type, f"GATEWAY_{f.name.upper()}")
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
 
 
-def _parse(raw: str, type_name: object) -> object:
+TRUE = frozenset({"1", "true", "yes", "on"})
+FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def _parse(raw: str, type_name: object, name: str = "a boolean setting") -> object:
     kind = str(type_name)
     if kind.startswith("bool"):
-        return raw.strip().lower() in {"1", "true", "yes", "on"}
+        value = raw.strip().lower()
+        if value not in TRUE | FALSE:  # a typo must not silently turn a feature off
+            raise ValueError(f"{name} must be true or false (1/0, yes/no, on/off), got {raw!r}")
+        return value in TRUE
     if kind.startswith("int"):
         return int(raw)
     return raw

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.engine.compiled")
 
 MAX_TOKENS = 16  # tokens a row feeds in a compiled step; longer feeds (prefill) run eager
+KINDS = frozenset({"1xN", "Bx1", "BxN"})
+FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share of eager's
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class CompiledForwards:
     step: Callable[..., torch.Tensor]
     keep_last: bool
     backbone: bool
+    kinds: frozenset[str] = KINDS
+    """The kinds of step (`kind`) served compiled; GATEWAY_COMPILE=auto keeps those where
+    the compiled step measured faster than eager (`measure_kinds`)."""
 
     def serves(self, rows: int, tokens: int, keep_last: bool, backbone: bool) -> bool:
         """Whether this step runs compiled: a step of the kind it was built for, up to
@@ -64,6 +69,7 @@ class CompiledForwards:
             rows * tokens > 1
             and tokens <= MAX_TOKENS
             and (keep_last, backbone) == (self.keep_last, self.backbone)
+            and kind(rows, tokens) in self.kinds
         )
 
     def __call__(
@@ -72,6 +78,12 @@ class CompiledForwards:
     ) -> torch.Tensor:  # fmt: skip
         keys, values = cache.buffers()
         return self.step(ids, mask, position_ids, rows, positions, keys, values, keep)
+
+
+def kind(rows: int, tokens: int) -> str:
+    """A step's kind: one row x several tokens, several rows x one, several x several
+    (torch specialises sizes of 1, so each kind is a graph of its own)."""
+    return "1xN" if rows == 1 else "Bx1" if tokens == 1 else "BxN"
 
 
 def _step(
@@ -109,18 +121,79 @@ def compile_forwards(lean: LeanDecoder, keep_last: bool, backbone: bool) -> Comp
 
 def compiled_model(
     lm: LoadedModel, max_rows: int, draft: bool = False,
-    progress: Callable[[str], None] = log.info,
+    progress: Callable[[str], None] = log.info, measure: bool = False,
 ) -> tuple[LoadedModel, float]:  # fmt: skip
     """``lm`` with its compiled step (a draft's: drafting, with its reduced head's backbone
     if it has one; a target's: verify), every kind of step already compiled on a slot cache
     of the batch's own shapes (so serving compiles nothing more); and the seconds the
-    warm-up took. Raises ValueError for a model without a lean decoder (its family was not
-    checked, batch/decoder.py): it runs eager."""
+    warm-up took. With `measure` (GATEWAY_COMPILE=auto), each kind is then timed compiled
+    and eager and only the kinds where compiling measured faster are served compiled;
+    where none is, ``lm`` comes back eager. Raises ValueError for a model without a lean
+    decoder (its family was not checked, batch/decoder.py): it runs eager."""
     if lm.decoder is None:
         raise ValueError("only models the lean decoder runs are compiled (Llama, Mistral, Qwen2)")
     backbone = draft and lm.draft_head is not None
     out = replace(lm, compiled=compile_forwards(lm.decoder, keep_last=draft, backbone=backbone))
-    return out, warm_up(out, max_rows, progress)
+    t0 = time.perf_counter()
+    warm_up(out, max_rows, progress)
+    if measure:
+        ratios = measure_kinds(out, max_rows)
+        kinds = faster_kinds(ratios)
+        progress(
+            f"{lm.path}: compiled/eager time by step kind "
+            + ", ".join(f"{k} {r:.2f}" for k, r in sorted(ratios.items()))
+            + f"; compiled for {', '.join(sorted(kinds)) or 'none: eager'}"
+        )
+        assert out.compiled is not None
+        out = replace(out, compiled=replace(out.compiled, kinds=kinds) if kinds else None)
+    return out, time.perf_counter() - t0
+
+
+def faster_kinds(ratios: dict[str, float]) -> frozenset[str]:
+    """The kinds whose compiled/eager time ratio is at most FASTER."""
+    return frozenset(k for k, r in ratios.items() if r <= FASTER)
+
+
+def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str, float]:
+    """Compiled/eager time (median of `repeats`) of each kind of step this model's compiled
+    step serves, on a scratch cache of the batch's shapes with 128 cached tokens a row:
+    one row x 3 tokens, all rows x 1, all rows x 3."""
+    from gateway.engine.batch.forward import batched_forward
+    from gateway.engine.batch.slots import SlotCache, slot_pad
+    from gateway.engine.models import cache_kwarg
+
+    fast = lm.compiled
+    assert fast is not None
+    model, kwarg = lm.model, cache_kwarg(lm.model)
+    rows = max(2, max_rows)
+    cache = SlotCache(int(model.config.num_hidden_layers), rows, lm.context_length, slot_pad())
+    slots = [cache.take() for _ in range(rows)]
+    context = max(1, min(128, lm.context_length - 2 * MAX_TOKENS))
+    fill = [[1 + (3 * r + j) % (lm.vocab_size - 1) for j in range(context)] for r in range(rows)]
+    shapes = {"1xN": (1, 3), "Bx1": (rows, 1), "BxN": (rows, 3)}
+    ratios: dict[str, float] = {}
+    with torch.inference_mode():
+        batched_forward(model, kwarg, cache, slots, fill, lm.device, keep_last=True,
+                        decoder=lm.decoder)  # fmt: skip
+        for name, (b, t) in shapes.items():
+            feed = [[2] * t] * b
+            spent: dict[bool, list[float]] = {False: [], True: []}
+            for _ in range(repeats + 1):
+                for compiled in (False, True):  # alternating, so load drifts hit both
+                    for s in slots:
+                        cache.length[s] = context
+                    t0 = time.perf_counter()
+                    batched_forward(
+                        model, kwarg, cache, slots[:b], feed, lm.device,
+                        keep_last=fast.keep_last, backbone=fast.backbone,
+                        compiled=fast if compiled else None, decoder=lm.decoder,
+                    )  # fmt: skip
+                    if lm.device.type == "cuda":
+                        torch.cuda.synchronize(lm.device)
+                    spent[compiled].append(time.perf_counter() - t0)
+            eager, comp = (sorted(spent[c][1:])[repeats // 2] for c in (False, True))
+            ratios[name] = comp / eager if eager > 0 else 1.0
+    return ratios
 
 
 def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = log.info) -> float:

@@ -112,10 +112,12 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         on_start=lambda: init_torch_thread(settings.torch_threads),
         max_batch=settings.max_batch,
         kv_budget_tokens=settings.kv_budget_tokens,
+        prefill_chunk=settings.prefill_chunk,
     )
     worker.start()
     compile_rows = None
-    if settings.compile:
+    compile_mode = _compile_mode(settings.compile)
+    if compile_mode != "off":
         os.environ.setdefault(
             "TORCHINDUCTOR_CACHE_DIR", str(Path(settings.var_dir) / "compile-cache")
         )
@@ -127,6 +129,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         settings.models, settings.device, settings.dtype, worker.call,
         probe_rows=settings.max_batch if settings.measure_costs else 0,
         compile_rows=compile_rows, cpu_linear=_cpu_linear(settings.cpu_linear),
+        compile_measure=compile_mode == "auto",
     )  # fmt: skip
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)
@@ -185,6 +188,15 @@ def make_limiter(settings: Settings) -> Limiter:
     return RedisRateLimiter(
         settings.redis_url, prefix=settings.redis_prefix, fail_closed=settings.redis_fail_closed
     )
+
+
+def _compile_mode(value: str) -> str:
+    """GATEWAY_COMPILE: off, on or auto (true/false: on/off)."""
+    choices = {"off": "off", "false": "off", "on": "on", "true": "on", "auto": "auto"}
+    mode = choices.get(value.strip().lower())
+    if mode is None:
+        raise ValueError(f"GATEWAY_COMPILE must be off, on or auto, got {value!r}")
+    return mode
 
 
 def _cpu_linear(value: str) -> bool | None:

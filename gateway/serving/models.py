@@ -45,18 +45,22 @@ class ModelPool:
         probe_rows: int = 0,
         compile_rows: Callable[[int], int] | None = None,
         cpu_linear: bool | None = None,
+        compile_measure: bool = False,
     ) -> None:
         """probe_rows > 0: time each model's forwards for batches of up to that many rows
         when it loads (Engine.measure_costs), so the cost model starts from measurements.
         compile_rows: compile the batch path's forwards (engine/compiled.py) for batches of
         compile_rows(context length) rows; every draft of the manifest then loads and
-        compiles at start too, since compiling later would stall the inference thread."""
+        compiles at start too, since compiling later would stall the inference thread.
+        compile_measure (GATEWAY_COMPILE=auto): serve compiled only the kinds of step where
+        compiling measured faster (engine/compiled.py, measure_kinds)."""
         self.manifest = manifest
         self.device = device
         self.dtype = dtype
         self._run = runner
         self.probe_rows = probe_rows
         self.compile_rows = compile_rows
+        self.compile_measure = compile_measure
         self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
         self._started = False
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
@@ -67,12 +71,14 @@ class ModelPool:
     def from_manifest(
         cls, path: str, device: str | None, dtype: str | None, runner: Runner,
         probe_rows: int = 0, compile_rows: Callable[[int], int] | None = None,
-        cpu_linear: bool | None = None,
+        cpu_linear: bool | None = None, compile_measure: bool = False,
     ) -> ModelPool:  # fmt: skip
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
         manifest = load_manifest(path)
-        return cls(manifest, device, dtype, runner, probe_rows, compile_rows, cpu_linear)
+        return cls(
+            manifest, device, dtype, runner, probe_rows, compile_rows, cpu_linear, compile_measure
+        )
 
     async def load_targets(self) -> None:
         """Load every target (and, when compiling, every draft) before serving."""
@@ -129,14 +135,21 @@ class ModelPool:
             return model
         rows = self.compile_rows(model.context_length)
         try:
-            fast, seconds = compiled_model(model, rows, draft, progress=log.info)
+            fast, seconds = compiled_model(
+                model, rows, draft, progress=log.info, measure=self.compile_measure
+            )
         except Exception as exc:  # an architecture or device inductor cannot compile
             log.warning(
                 "%s v%s runs eager: compiling its forwards failed (%s: %s)",
                 entry.name, entry.version, type(exc).__name__, exc,
             )  # fmt: skip
             return model
-        log.info("%s v%s compiled for %d rows in %.1f s", entry.name, entry.version, rows, seconds)
+        if fast.compiled is None:
+            log.info("%s v%s runs eager: no kind of step measured faster compiled (%.1f s)",
+                     entry.name, entry.version, seconds)  # fmt: skip
+        else:
+            log.info("%s v%s compiled for %d rows (%s) in %.1f s", entry.name, entry.version,
+                     rows, ", ".join(sorted(fast.compiled.kinds)), seconds)  # fmt: skip
         return fast
 
     def _probe(self, engine: Engine, draft: LoadedModel | None, entry: ModelEntry) -> None:

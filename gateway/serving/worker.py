@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 from gateway.engine import DecodeRequest, Engine, Finished, LoadedModel
 from gateway.engine.batch.scheduler import Batch, Event
+from gateway.engine.batch.slots import PREFILL_CHUNK
 
 T = TypeVar("T")
 _DONE = object()
@@ -134,8 +135,12 @@ class InferenceWorker:
         on_start: Callable[[], None] | None = None,
         max_batch: int = 8,
         kv_budget_tokens: int | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:
         """``on_start`` runs first on the thread (set torch's thread count there)."""
+        if prefill_chunk < 1:
+            raise ValueError(f"GATEWAY_PREFILL_CHUNK must be at least 1, got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
         self.capacity = capacity
         self.max_active = max_active
         self.max_batch = max_batch
@@ -226,7 +231,7 @@ class InferenceWorker:
             self._on_start()
         waiting: collections.deque[Job] = collections.deque()
         active: list[tuple[Job, Iterator[Any]]] = []
-        batches = _Batches(self.max_batch, self.kv_budget_tokens)
+        batches = _Batches(self.max_batch, self.kv_budget_tokens, self.prefill_chunk)
         stopping = False
         while True:
             # 1. Take what arrived: calls run now, jobs join the waiting line. Block only
@@ -316,9 +321,13 @@ class InferenceWorker:
 class _Batches:
     """The continuous batch of each target engine, and which job each row belongs to."""
 
-    def __init__(self, max_rows: int, kv_budget_tokens: int | None = None) -> None:
+    def __init__(
+        self, max_rows: int, kv_budget_tokens: int | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
+    ) -> None:  # fmt: skip
         self.max_rows = max_rows
         self.kv_budget_tokens = kv_budget_tokens
+        self.prefill_chunk = prefill_chunk
         self._batches: dict[int, Batch] = {}  # id(engine) -> engine.batch(max_rows)
         self._jobs: dict[int, Job] = {}  # id(row) -> its job
 
@@ -336,7 +345,7 @@ class _Batches:
         batch = self._batches.get(id(d.engine))
         if batch is None:
             rows = batch_rows(self.max_rows, self.kv_budget_tokens, d.engine.context_length)
-            batch = self._batches[id(d.engine)] = d.engine.batch(rows)
+            batch = self._batches[id(d.engine)] = d.engine.batch(rows, self.prefill_chunk)
         row = batch.add(d.engine.prepare(d.request, d.draft), job.cancelled.is_set)
         self._jobs[id(row)] = job
 

@@ -154,9 +154,7 @@ def _fill(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return fill
 
 
-_FACTS: weakref.WeakKeyDictionary[Any, tuple[int | None, torch.dtype]] = (
-    weakref.WeakKeyDictionary()
-)
+_FACTS: weakref.WeakKeyDictionary[Any, tuple[int | None, torch.dtype]] = weakref.WeakKeyDictionary()
 
 
 def _facts(model: Any) -> tuple[int | None, torch.dtype]:

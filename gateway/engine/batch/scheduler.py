@@ -96,7 +96,11 @@ class Batch:
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         layers = int(target.model.config.num_hidden_layers)
-        self.pad = slot_pad(prefill_chunk)
+        if prefill_chunk < 1:
+            raise ValueError(f"a prefill chunk is at least one token, got {prefill_chunk}")
+        # The default pad whatever the chunk below it: the compiled step's graphs were
+        # built on buffers of that shape (engine/compiled.py, warm_up).
+        self.pad = slot_pad(max(prefill_chunk, PREFILL_CHUNK))
         self.cache = SlotCache(layers, max_rows, target.context_length, pad=self.pad)
         self._kwarg = cache_kwarg(target.model)
         self.rows: list[Row] = []

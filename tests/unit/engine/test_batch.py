@@ -177,14 +177,15 @@ def test_a_long_prompt_is_prefilled_in_chunks(llama_lm) -> None:
     """An arrival's prompt enters the cache one chunk per step, and decodes the same."""
     engine = Engine(llama_lm)
     prompt = tuple((i * 7) % 200 + 3 for i in range(60))
-    batch = engine.batch(2)
-    batch.prefill_chunk = 16
+    batch = engine.batch(2, prefill_chunk=16)  # GATEWAY_PREFILL_CHUNK
     row = batch.add(engine.prepare(DecodeRequest(prompt, greedy(6))))
     for _ in range(3):
         batch.step()
         assert row.prefilling  # 16, 32, 48 of 59 tokens
     results = run_batch(engine, [Job(0, DecodeRequest(prompt, greedy(6)))])
     assert results[0].token_ids == engine.run(DecodeRequest(prompt, greedy(6))).token_ids
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.batch(2, prefill_chunk=0)
 
 
 def test_the_shared_forward_matches_single_forwards(target) -> None:

@@ -8,12 +8,15 @@ not one graph per shape.
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
 from gateway.engine import Engine, load_model
-from gateway.engine.compiled import compiled_model
+from gateway.engine.compiled import FASTER, CompiledForwards, compiled_model, faster_kinds
 
 from .test_batch import mixed_jobs, run_batch
 
@@ -42,3 +45,40 @@ def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(model_dirs, arch)
     # the batch, whatever its lengths and row counts, compiled nothing more
     assert 0 < warm - graphs <= 6
     assert counters["stats"]["unique_graphs"] == warm
+
+
+def test_a_step_runs_compiled_only_for_the_kinds_kept() -> None:
+    fast = CompiledForwards(lambda *a: None, keep_last=False, backbone=False,
+                            kinds=frozenset({"Bx1"}))  # fmt: skip
+    assert fast.serves(4, 1, keep_last=False, backbone=False)
+    assert not fast.serves(4, 3, keep_last=False, backbone=False)  # BxN not kept
+    assert not fast.serves(1, 3, keep_last=False, backbone=False)  # 1xN not kept
+    assert not fast.serves(1, 1, keep_last=False, backbone=False)  # never: eager is faster
+    assert not fast.serves(4, 1, keep_last=True, backbone=False)  # built for another use
+    assert faster_kinds({"1xN": 1.01, "Bx1": 0.8, "BxN": FASTER}) == {"Bx1", "BxN"}
+
+
+def test_auto_keeps_the_kinds_it_measured_faster_and_decodes_what_eager_decodes(
+    model_dirs,
+) -> None:
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
+
+    said: list[str] = []
+    fast, _ = compiled_model(target, 4, progress=said.append, measure=True)
+    ratios = dict(
+        (k, float(r)) for k, r in re.findall(r"(1xN|Bx1|BxN) ([0-9.]+)", said[-1])
+    )  # the log line gives compiled/eager per kind: all three were measured
+    assert set(ratios) == {"1xN", "Bx1", "BxN"} and all(r > 0 for r in ratios.values())
+    kept = fast.compiled.kinds if fast.compiled is not None else frozenset()
+    assert kept == faster_kinds(ratios)
+    # whatever this machine kept, a batch with only some kinds compiled (here: every
+    # multi-row step compiled, one-row steps eager) decodes what eager decodes
+    compiled = compiled_model(target, 4)[0].compiled
+    assert compiled is not None
+    part = replace(target, compiled=replace(compiled, kinds=frozenset({"Bx1", "BxN"})))
+    engine = Engine(part)
+    got = run_batch(engine, mixed_jobs(engine, draft))
+    for a, b in zip(eager, got, strict=True):
+        assert b.token_ids == a.token_ids

@@ -207,3 +207,34 @@ async def test_jobs_carry_their_queue_and_run_stamps() -> None:
         assert timings.queue_s >= (second.admitted_ns - second.submitted_ns) / 1e9  # type: ignore[operator]
     finally:
         worker.stop()
+
+
+async def test_the_prefill_chunk_setting_reaches_the_batch(tmp_path: Path, monkeypatch) -> None:
+    """GATEWAY_PREFILL_CHUNK: an arrival's prompt enters over steps of at most that many
+    tokens, and decodes what it decodes alone; 0 is refused."""
+    from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, load_model
+    from gateway.engine.batch import scheduler
+
+    manifest = load_manifest(tiny_models.build(tmp_path))
+    target = load_model(manifest.targets()[0].path, device="cpu", draft_vocab=False)
+    engine = Engine(target)
+    prefill_widths: list[int] = []
+    real = scheduler.batched_forward
+
+    def spy(model, kwarg, cache, slots, tokens, device, **kw):  # type: ignore[no-untyped-def]
+        if kw.get("keep_last"):
+            prefill_widths.append(max(len(t) for t in tokens))
+        return real(model, kwarg, cache, slots, tokens, device, **kw)
+
+    monkeypatch.setattr(scheduler, "batched_forward", spy)
+    req = DecodeRequest(tuple(range(5, 16)), SamplingParams(temperature=0.0, max_tokens=6))
+    worker = started(max_active=8, max_batch=2, prefill_chunk=3)
+    try:
+        events = [e async for e in worker.events(worker.submit_decode(engine, req))]
+    finally:
+        worker.stop()
+    assert isinstance(events[-1], Finished)
+    assert prefill_widths == [3, 3, 3, 1]  # the 10 tokens before the last, 3 at a time
+    assert events[-1].result.token_ids == engine.run(req).token_ids
+    with pytest.raises(ValueError, match="GATEWAY_PREFILL_CHUNK"):
+        InferenceWorker(capacity=1, max_active=1, prefill_chunk=0)

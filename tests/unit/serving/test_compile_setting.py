@@ -1,0 +1,38 @@
+"""GATEWAY_COMPILE is off, on or auto (true/false: on/off), and a typo in it or in any
+boolean setting is an error at start, not a silently disabled feature."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.serving import _compile_mode
+from gateway.settings import Settings
+
+
+def test_compiling_is_off_by_default() -> None:
+    assert _compile_mode(Settings.from_env({}).compile) == "off"
+
+
+@pytest.mark.parametrize(
+    ("raw", "mode"),
+    [("off", "off"), ("on", "on"), ("AUTO", "auto"), (" auto ", "auto"), ("true", "on"),
+     ("false", "off")],
+)  # fmt: skip
+def test_each_value_names_a_mode(raw: str, mode: str) -> None:
+    assert _compile_mode(Settings.from_env({"GATEWAY_COMPILE": raw}).compile) == mode
+
+
+@pytest.mark.parametrize("raw", ["yes please", "1x", "ture", "compiled"])
+def test_an_unknown_mode_is_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match="GATEWAY_COMPILE must be off, on or auto"):
+        _compile_mode(Settings.from_env({"GATEWAY_COMPILE": raw}).compile)
+
+
+@pytest.mark.parametrize(("raw", "value"), [("1", True), ("no", False), ("On", True), ("", False)])
+def test_boolean_settings_take_the_usual_spellings(raw: str, value: bool) -> None:
+    assert Settings.from_env({"GATEWAY_CONSOLE": raw}).console is value
+
+
+def test_a_misspelt_boolean_is_refused_with_its_variable_named() -> None:
+    with pytest.raises(ValueError, match="GATEWAY_CONSOLE must be true or false"):
+        Settings.from_env({"GATEWAY_CONSOLE": "ture"})
