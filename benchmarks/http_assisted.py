@@ -98,8 +98,9 @@ def _side_by_side(version: str, prompts: list[str]) -> dict[str, Any]:
             ):
                 key = gw.tenant("bench", {"client_override": {"allow": True}})
                 headers = {"authorization": f"Bearer {key}"}
+                decoding = {"mode": "speculative", "proposer": "draft", "k": K}
                 body = {"model": MODEL, "max_tokens": NEW_TOKENS, "temperature": 0,
-                        "decoding": {"mode": "speculative", "proposer": "draft", "k": K}}  # fmt: skip
+                        "decoding": decoding}  # fmt: skip
 
                 def over_http(prompt: str) -> tuple[float, int, str, str | None]:
                     t0 = time.perf_counter()
@@ -149,7 +150,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             "clients": 1,
             "sides": "gateway over HTTP vs HF generate(assistant_model) in its own "
             "process, both up, taking turns prompt by prompt",
-        },  # fmt: skip
+        },
     }
     for version in ("1", "2"):
         result[f"draft_v{version}"] = _side_by_side(version, prompts)
