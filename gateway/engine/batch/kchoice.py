@@ -16,6 +16,12 @@ is exact for sampled output, so this choice changes speed only.
 
 With no measured target costs at the batch's row bucket for at least two token counts
 (no probe yet), nothing is chosen and each row picks its own k as alone.
+
+Exploration: the costs of a shape are re-measured only when a step runs it, so one noisy
+probe (a forward of 3 tokens timed at twice its real cost, seen on this 2-core machine)
+would keep its k from ever being chosen again. Every EXPLORE_EVERY-th step the batch runs
+a neighbour of the best k instead (one above, then one below, in turn), so the estimates
+around the choice keep following the machine. Neither output nor exactness depends on k.
 """
 
 from __future__ import annotations
@@ -29,13 +35,26 @@ from gateway.engine.models import LoadedModel
 from gateway.engine.proposers.draft_model import DraftModelProposer
 
 
+EXPLORE_EVERY = 16  # steps between two runs of a neighbouring k
+
+
+def explore_offset(step: int) -> int:
+    """The offset from the best k that batch step `step` runs: +1 and -1 in turn every
+    EXPLORE_EVERY steps, else 0."""
+    if step % EXPLORE_EVERY != EXPLORE_EVERY - 1:
+        return 0
+    return 1 if (step // EXPLORE_EVERY) % 2 == 0 else -1
+
+
 def choose_batch_k(
     cfgs: list[LoopConfig],
     target: ForwardCosts | None,
     drafts: Mapping[int, tuple[LoadedModel, ForwardCosts]],
+    explore: int = 0,
 ) -> int | None:
     """Set `policy.batch_k` on the adaptive rows of `cfgs` (the rows decoding this step);
-    returns the k chosen, or None when the rows choose alone."""
+    returns the k chosen, or None when the rows choose alone. `explore` (explore_offset):
+    run the best k plus this offset, within 0..the rows' largest k_max."""
     adaptive = [
         c for c in cfgs if c.policy is not None and c.proposer is not None and c.policy.measure_c
     ]
@@ -65,6 +84,7 @@ def choose_batch_k(
         rate = tokens / step_s if step_s > 0 else 0.0
         if rate > best_rate * (1 + 1e-9):
             best_k, best_rate = k, rate
+    best_k = min(max(best_k + explore, 0), k_hi)
     for c in adaptive:
         assert c.policy is not None
         c.policy.batch_k = best_k

@@ -37,7 +37,7 @@ import torch
 from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.drafting import DraftBatch
 from gateway.engine.batch.forward import batched_forward
-from gateway.engine.batch.kchoice import choose_batch_k
+from gateway.engine.batch.kchoice import choose_batch_k, explore_offset
 from gateway.engine.batch.slots import PREFILL_CHUNK, SlotCache, slot_pad
 from gateway.engine.loop import (
     NO_PROPOSAL,
@@ -109,6 +109,7 @@ class Batch:
         # verify and draft forward here is observed; the k choice reads them.
         self.costs: dict[int, ForwardCosts] = {} if costs is None else costs
         self.forwards = 0
+        self.steps = 0
         self.draft_forwards = 0  # shared draft forwards (each drafts for every row in it)
 
     @property
@@ -164,7 +165,9 @@ class Batch:
                 [r.cfg for r in self.rows if not r.prefilling],
                 self.costs.get(id(self.target)),
                 {key: (db.draft, db.costs) for key, db in self.drafts.items()},
-            )  # 3a. one k for the batch's adaptive rows
+                explore_offset(self.steps),
+            )  # 3a. one k for the batch's adaptive rows (now and then a neighbour)
+            self.steps += 1
             for row in self.rows:
                 if row.prefilling:
                     if row.cancelled is not None and row.cancelled():

@@ -7,7 +7,7 @@ import pytest
 
 from gateway.engine import DecodeRequest, Engine, SamplingParams
 from gateway.engine.batch.costs import ForwardCosts, probe, row_bucket
-from gateway.engine.batch.kchoice import choose_batch_k
+from gateway.engine.batch.kchoice import EXPLORE_EVERY, choose_batch_k, explore_offset
 
 from .test_batch import PROMPTS, Job, greedy, run_batch
 
@@ -105,3 +105,31 @@ def test_probe_measures_every_bucket(llama_lm) -> None:
     costs = probe(llama_lm, 3, tokens=(1, 2), context=8, repeats=1)
     assert set(costs.means) == {(b, t) for b in (1, 2, 4) for t in (1, 2)}
     assert all(s > 0 for s in costs.means.values())
+
+
+def test_now_and_then_a_step_runs_a_neighbouring_k_so_a_noisy_probe_is_corrected(
+    llama_lm, draft_lm
+) -> None:
+    """A probe that timed the best k's forwards at 10x their cost makes that k look
+    hopeless; only running it measures it again. Every EXPLORE_EVERY-th step runs the best
+    k + 1, then - 1, within 0..k_max, and the observed cost replaces the bad estimate."""
+    offsets = [explore_offset(s) for s in range(4 * EXPLORE_EVERY)]
+    assert offsets.count(0) == 4 * (EXPLORE_EVERY - 1)
+    assert [o for o in offsets if o] == [1, -1, 1, -1]
+    engine = Engine(llama_lm)
+    row = spec(engine, draft_lm, k=(1, 6))
+    drafts = {id(draft_lm): (draft_lm, ForwardCosts({(1, 1): 0.01}))}
+    clean = choose_batch_k([row], table({1: 0.1}), drafts)
+    assert clean is not None and clean > 1
+    costs = ForwardCosts({(1, t): 1.0 + 0.1 * (t - 1) for t in range(1, 10)})  # all observed
+    assert choose_batch_k([row], costs, drafts) == clean
+    costs.means[(1, 1 + clean)] = 10.0  # the noisy probe of the best k's forward
+    best = choose_batch_k([row], costs, drafts)
+    assert best is not None and abs(best - clean) == 1  # a neighbour: exploring reaches it
+    offset = clean - best
+    assert choose_batch_k([row], costs, drafts, explore=offset) == clean
+    assert row.policy.batch_k == clean  # what the rows run on that step
+    assert choose_batch_k([row], costs, drafts, explore=-offset) == best - offset
+    for _ in range(30):  # the real cost of the shape, observed whenever a step runs it
+        costs.observe(1, 1 + clean, 1.0 + 0.1 * clean)
+    assert choose_batch_k([row], costs, drafts) == clean
