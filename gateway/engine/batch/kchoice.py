@@ -34,7 +34,6 @@ from gateway.engine.loop import LoopConfig
 from gateway.engine.models import LoadedModel
 from gateway.engine.proposers.draft_model import DraftModelProposer
 
-
 EXPLORE_EVERY = 16  # steps between two runs of a neighbouring k
 
 
