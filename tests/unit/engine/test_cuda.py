@@ -89,3 +89,25 @@ def test_a_mixed_batch_on_cuda_gives_every_row_its_alone_output(model_dirs) -> N
     solo = [eng.run(j.req, j.draft).token_ids for j in jobs]
     got = [r.token_ids for r in run_batch(eng, jobs)]
     assert got == solo
+
+
+def test_the_compiled_step_on_cuda_decodes_what_eager_decodes(model_dirs) -> None:
+    """The compiled batch step (engine/compiled.py) on the GPU, fp32: a mixed batch decodes
+    token for token what the eager batch decodes, and auto's per-kind timing runs there."""
+    from gateway.engine.compiled import KINDS, compiled_model
+
+    from .test_batch import mixed_jobs, run_batch
+
+    target = load_model(model_dirs["llama"], device="cuda", dtype=torch.float32)
+    draft = load_model(model_dirs["draft"], device="cuda", dtype=torch.float32)
+    eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
+    fast_target, _ = compiled_model(target, 8)  # GATEWAY_COMPILE=on: every kind compiled
+    fast_draft, _ = compiled_model(draft, 8, draft=True)
+    assert fast_target.compiled is not None and fast_target.compiled.kinds == KINDS
+    engine = Engine(fast_target)
+    got = run_batch(engine, mixed_jobs(engine, fast_draft))
+    assert [r.token_ids for r in got] == [r.token_ids for r in eager]
+    said: list[str] = []  # auto: each kind timed compiled and eager on the GPU
+    auto, _ = compiled_model(target, 8, progress=said.append, measure=True)
+    assert "compiled/eager time by step kind" in said[-1]
+    assert auto.compiled is None or auto.compiled.kinds <= KINDS
