@@ -11,13 +11,15 @@ gives the share that is identical. Writes concurrency.json and concurrency.png.
 Each client streams its requests one after another (the prompts dealt round-robin); a
 real gateway process serves them (uvicorn, SQLite audit, the demo target with draft v2 as
 its only draft), with GATEWAY_MAX_BATCH=16. The gateway and the HF baseline never run at
-the same time.
+the same time. The gateway inherits this process's environment: `GATEWAY_COMPILE=auto
+python -m benchmarks concurrency` measures the compiled step (setup.compile says which).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "heldout.jsonl"
 NEW_TOKENS = 64
 CLIENTS = (1, 2, 4, 8, 16)
+MIN_REQUESTS = 8  # requests per mode, concurrency and round at least
+ROUNDS = 2  # rounds per concurrency, the modes' order reversed in the second
 MODES: dict[str, dict[str, Any]] = {
     "standard": {"mode": "standard"},
     "speculative": {"mode": "speculative", "proposer": "draft"},
@@ -92,8 +96,18 @@ def _level(
     url: str, key: str, prompts: list[str], clients: int, per_client: int,
     decoding: dict[str, Any], alone: dict[str, str], keepalive: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
+    runs, wall = _runs(url, key, prompts, clients, per_client, decoding, keepalive)
+    return _summary([(runs, wall)], alone)
+
+
+def _runs(
+    url: str, key: str, prompts: list[str], clients: int, per_client: int,
+    decoding: dict[str, Any], keepalive: bool = True, offset: int = 0,
+) -> tuple[list[dict[str, Any]], float]:  # fmt: skip
+    """`clients` clients streaming `per_client` requests each (prompts dealt from `offset`);
+    every request's record and the wall seconds of the whole."""
     work = [
-        [prompts[(c * per_client + i) % len(prompts)] for i in range(per_client)]
+        [prompts[(offset + c * per_client + i) % len(prompts)] for i in range(per_client)]
         for c in range(clients)
     ]
 
@@ -105,7 +119,15 @@ def _level(
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         runs = [r for rs in pool.map(client_run, work) for r in rs]
-    wall = time.perf_counter() - t0
+    return runs, time.perf_counter() - t0
+
+
+def _summary(
+    rounds: list[tuple[list[dict[str, Any]], float]], alone: dict[str, str]
+) -> dict[str, Any]:
+    """Pooled over rounds: tokens / wall, and percentiles over every request's gaps."""
+    runs = [r for rs, _ in rounds for r in rs]
+    wall = sum(w for _, w in rounds)
     ttft = [r["ttft"] for r in runs if r["ttft"] is not None]
     gaps = [g for r in runs for g in r["gaps"]]
     modes = [r["mode"] for r in runs]
@@ -118,6 +140,7 @@ def _level(
             sum(r["text"] == alone[r["prompt"]] for r in runs) / len(runs), 3
         ),
         "requests": len(runs),
+        "rounds": len(rounds),
     }
 
 
@@ -230,14 +253,22 @@ def batch_gateway(prompts: list[str], **env: str) -> Iterator[tuple[str, str, di
 
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     prompts = _prompts()
-    per_client = 1 if quick else 2
     clients = (1, 8) if quick else CLIENTS
     results: dict[str, dict[str, Any]] = {m: {} for m in MODES}
     with batch_gateway(prompts) as (url, key, alone):
         for n in clients:
-            for name, decoding in MODES.items():
-                level = _level(url, key, prompts, n, per_client, decoding, alone)
-                results[name][str(n)] = level
+            # At least MIN_REQUESTS requests a round (8 for 1 client: two requests gave
+            # ratios that moved 25% between runs), two rounds in opposite mode order.
+            per_client = 1 if quick else max(2, MIN_REQUESTS // n)
+            pooled: dict[str, list[tuple[list[dict[str, Any]], float]]] = {m: [] for m in MODES}
+            for rnd in range(1 if quick else ROUNDS):
+                order = list(MODES) if rnd % 2 == 0 else list(reversed(MODES))
+                for name in order:
+                    pooled[name].append(
+                        _runs(url, key, prompts, n, per_client, MODES[name], offset=rnd)
+                    )
+            for name in MODES:
+                results[name][str(n)] = level = _summary(pooled[name], alone)
                 print(f"   {name:11} {n:2} clients: {level}", flush=True)
     sizes = (1, 8) if quick else (1, 8, 16)
     costs = _forward_costs()
@@ -253,9 +284,13 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             "prompts": len(prompts),
             "new_tokens": NEW_TOKENS,
             "greedy": True,
-            "requests_per_client": per_client,
+            "requests_per_mode_and_round": {
+                str(n): n * (1 if quick else max(2, MIN_REQUESTS // n)) for n in clients
+            },
+            "rounds": 1 if quick else ROUNDS,
             "draft": "demo-code-draft@2",
             "max_batch": 16,
+            "compile": os.environ.get("GATEWAY_COMPILE", "off"),  # the gateway inherits it
         },
         "gateway": results,
         "hf_static_batch": hf,
