@@ -29,6 +29,24 @@ def counting(n: int, tag: str) -> Callable[[Callable[[], bool]], Iterator[str]]:
     return make
 
 
+def spied_engine(tmp_path: Path, monkeypatch, seen: Callable[..., None]):  # type: ignore[no-untyped-def]
+    """An engine on the tiny target whose batch forwards are shown to `seen(slots, tokens,
+    keyword arguments)` before they run."""
+    from gateway.engine import Engine, load_model
+    from gateway.engine.batch import scheduler
+
+    manifest = load_manifest(tiny_models.build(tmp_path))
+    target = load_model(manifest.targets()[0].path, device="cpu", draft_vocab=False)
+    real = scheduler.batched_forward
+
+    def spy(model, kwarg, cache, slots, tokens, device, **kw):  # type: ignore[no-untyped-def]
+        seen(slots, tokens, kw)
+        return real(model, kwarg, cache, slots, tokens, device, **kw)
+
+    monkeypatch.setattr(scheduler, "batched_forward", spy)
+    return Engine(target)
+
+
 async def test_call_runs_on_the_worker_thread_after_on_start() -> None:
     seen: list[str] = []
     worker = started(on_start=lambda: seen.append(threading.current_thread().name))
@@ -117,20 +135,12 @@ async def test_the_pool_loads_models_through_its_runner(tmp_path: Path) -> None:
 async def test_decode_jobs_share_one_target_forward(tmp_path: Path, monkeypatch) -> None:
     """Three decode jobs on one engine become rows of one batch: forwards carry all three,
     and each still gets exactly the tokens it gets alone."""
-    from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, load_model
-    from gateway.engine.batch import scheduler
+    from gateway.engine import DecodeRequest, Finished, SamplingParams
 
-    manifest = load_manifest(tiny_models.build(tmp_path))
-    target = load_model(manifest.targets()[0].path, device="cpu", draft_vocab=False)
-    engine = Engine(target)
     rows_per_forward: list[int] = []
-    real = scheduler.batched_forward
-
-    def spy(model, kwarg, cache, slots, tokens, device, **kw):  # type: ignore[no-untyped-def]
-        rows_per_forward.append(len(slots))
-        return real(model, kwarg, cache, slots, tokens, device, **kw)
-
-    monkeypatch.setattr(scheduler, "batched_forward", spy)
+    engine = spied_engine(
+        tmp_path, monkeypatch, lambda slots, *_: rows_per_forward.append(len(slots))
+    )
     prompts = [(5, 6, 7), (8, 9), (10, 11, 12, 13)]
     reqs = [DecodeRequest(p, SamplingParams(temperature=0.0, max_tokens=12)) for p in prompts]
     worker = started(max_active=8, max_batch=4)
@@ -212,21 +222,15 @@ async def test_jobs_carry_their_queue_and_run_stamps() -> None:
 async def test_the_prefill_chunk_setting_reaches_the_batch(tmp_path: Path, monkeypatch) -> None:
     """GATEWAY_PREFILL_CHUNK: an arrival's prompt enters over steps of at most that many
     tokens, and decodes what it decodes alone; 0 is refused."""
-    from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, load_model
-    from gateway.engine.batch import scheduler
+    from gateway.engine import DecodeRequest, Finished, SamplingParams
 
-    manifest = load_manifest(tiny_models.build(tmp_path))
-    target = load_model(manifest.targets()[0].path, device="cpu", draft_vocab=False)
-    engine = Engine(target)
     prefill_widths: list[int] = []
-    real = scheduler.batched_forward
 
-    def spy(model, kwarg, cache, slots, tokens, device, **kw):  # type: ignore[no-untyped-def]
+    def seen(slots: list[int], tokens: list[list[int]], kw: dict[str, object]) -> None:
         if kw.get("keep_last"):
             prefill_widths.append(max(len(t) for t in tokens))
-        return real(model, kwarg, cache, slots, tokens, device, **kw)
 
-    monkeypatch.setattr(scheduler, "batched_forward", spy)
+    engine = spied_engine(tmp_path, monkeypatch, seen)
     req = DecodeRequest(tuple(range(5, 16)), SamplingParams(temperature=0.0, max_tokens=6))
     worker = started(max_active=8, max_batch=2, prefill_chunk=3)
     try:
