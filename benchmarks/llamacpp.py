@@ -9,11 +9,12 @@ code prompts, greedy, 64 new tokens, streamed /v1/completions through the same c
 model picks k each step). llama-server: no draft, and draft v2 with at most 8 drafted
 tokens (the same bound; it stops a draft early by its own rule), 8 slots, 2 threads (this
 machine's cores). The gateway runs twice: eager (the default) and with
-GATEWAY_COMPILE=true (engine/compiled.py; its inductor cache is shared by the rounds, so
-only the first warm-up compiles). No two servers run at once; rounds alternate the order,
-and the report gives medians over rounds. `equal_to_gateway_eager_alone` is the smallest
-share, over llama-server's and the compiled gateway's levels, of texts equal to the eager
-gateway's standard output served alone.
+GATEWAY_COMPILE=auto (engine/compiled.py: compiled where it measured faster; its inductor
+cache is shared by the rounds, so only the first warm-up compiles). Each level runs at
+least concurrency.MIN_REQUESTS requests (8 at 1 client). No two servers run at once;
+rounds alternate the order, and the report gives medians over rounds.
+`equal_to_gateway_eager_alone` is the smallest share, over llama-server's and the compiled
+gateway's levels, of texts equal to the eager gateway's standard output served alone.
 
 llama.cpp is built here on first use (benchmarks/_llamacpp.py: PyPI sdist, cmake; several
 minutes), under var/llamacpp/. It is an optional extra: `make test` never runs this.
@@ -22,13 +23,14 @@ minutes), under var/llamacpp/. It is an optional extra: `make test` never runs t
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from benchmarks import _llamacpp
-from benchmarks.concurrency import MODES, _level, _prompts, _stream, batch_gateway
+from benchmarks.concurrency import MIN_REQUESTS, MODES, _level, _prompts, _stream, batch_gateway
 
 CLIENTS = (1, 8)
 COMPILE_CACHE = _llamacpp.ROOT / "var" / "bench-compile-cache"  # shared by the rounds
@@ -36,21 +38,23 @@ PEER_MODES: dict[str, str | None] = {"standard": None, "speculative": "draft_v2"
 
 
 def _gateway_side(
-    prompts: list[str], per_client: int, compiled: bool
+    prompts: list[str], per_client: Callable[[int], int], compiled: bool
 ) -> tuple[dict[str, Any], dict[str, str]]:
     out: dict[str, Any] = {}
     with batch_gateway(
         prompts,
-        GATEWAY_COMPILE="true" if compiled else "false",
+        GATEWAY_COMPILE="auto" if compiled else "off",
         TORCHINDUCTOR_CACHE_DIR=str(COMPILE_CACHE),
     ) as (url, key, alone):
         for mode, decoding in MODES.items():
             for n in CLIENTS:
-                out[f"{mode}_{n}"] = _level(url, key, prompts, n, per_client, decoding, alone)
+                out[f"{mode}_{n}"] = _level(url, key, prompts, n, per_client(n), decoding, alone)
     return out, alone
 
 
-def _peer_side(prompts: list[str], per_client: int, alone: dict[str, str]) -> dict[str, Any]:
+def _peer_side(
+    prompts: list[str], per_client: Callable[[int], int], alone: dict[str, str]
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode, draft in PEER_MODES.items():
         with _llamacpp.server(draft, slots=max(CLIENTS)) as url:
@@ -60,7 +64,7 @@ def _peer_side(prompts: list[str], per_client: int, alone: dict[str, str]) -> di
                 # a fresh connection per request: llama-server may close a kept-alive one
                 # after a stream, and the next request on it fails
                 out[f"{mode}_{n}"] = _level(
-                    url, "none", prompts, n, per_client, {}, alone, keepalive=False
+                    url, "none", prompts, n, per_client(n), {}, alone, keepalive=False
                 )
     return out
 
@@ -71,7 +75,10 @@ def _median(rounds: list[dict[str, Any]], key: str) -> float:
 
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     prompts = _prompts()
-    per_client = 1 if quick else 2
+
+    def per_client(n: int) -> int:
+        return 1 if quick else max(2, MIN_REQUESTS // n)
+
     rounds = 1 if quick else 2
     _llamacpp.server_binary(), _llamacpp.gguf("target"), _llamacpp.gguf("draft_v2")  # build first
     sides: dict[str, list[dict[str, Any]]] = {"eager": [], "compiled": [], "peer": []}
@@ -97,7 +104,8 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             "new_tokens": 64,
             "greedy": True,
             "clients": CLIENTS,
-            "requests_per_client": per_client,
+            "requests_per_client": {str(n): per_client(n) for n in CLIENTS},
+            "compiled": "GATEWAY_COMPILE=auto",
             "rounds": rounds,
             "draft": "demo-code-draft@2",
             "peer": "llama-server (llama.cpp from llama-cpp-python's sdist, GGML_NATIVE), f32 "
