@@ -11,6 +11,13 @@ cover every batch. It is seeded at load by `probe` (a few timed forwards of each
 scratch cache of realistic length) and then follows every real batch forward (`observe`),
 so it tracks the machine's actual load. `seconds` interpolates the tokens axis linearly
 between measured shapes (and extrapolates past the last); None before anything is measured.
+
+Noise: a forward of more tokens never costs less than one of fewer, so `seconds` reads the
+measured points as a non-decreasing curve (each point at most every later one). A probe
+timed during a hiccup (seen here: 2-token forwards at 3.2x a 1-token one, 3-token ones at
+1.0x) would otherwise make that k look hopeless, and a k that is never run is never
+measured again. The probe takes its repeats round-robin over the shapes, so that a hiccup
+spreads over all of them instead of filling one shape's median.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ class ForwardCosts:
             return None
         rb = max(below)  # the bucket itself, else the nearest smaller one measured
         points = sorted((t, s) for (r, t), s in self.means.items() if r == rb)
-        return _interpolate(points, tokens)
+        return _interpolate(_non_decreasing(points), tokens)
 
     def verify_costs(self, rows: int, k_max: int) -> tuple[float, ...] | None:
         """v(k) = T(rows, k + 1) / T(rows, 1) for k = 0..k_max (v(0) = 1)."""
@@ -67,6 +74,16 @@ class ForwardCosts:
         if one is None or one <= 0:
             return None
         return tuple(max(1.0, (self.seconds(rows, k + 1) or one) / one) for k in range(k_max + 1))
+
+
+def _non_decreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Each point lowered to the smallest measured at or after it (sorted by tokens)."""
+    out: list[tuple[int, float]] = []
+    low = float("inf")
+    for t, s in reversed(points):
+        low = min(low, s)
+        out.append((t, low))
+    return out[::-1]
 
 
 def _interpolate(points: list[tuple[int, float]], t: int) -> float:
@@ -109,19 +126,20 @@ def probe(
         )  # fmt: skip
         for s in slots:
             cache.length[s] = context
-        for rows in rows_list:
-            for t in tokens:
+        shapes = [(rows, t) for rows in rows_list for t in tokens]
+        times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+        for _ in range(repeats + 1):  # round-robin: a hiccup hits every shape alike
+            for rows, t in shapes:
                 feed = [[1 + (r + j) % (lm.vocab_size - 1) for j in range(t)] for r in range(rows)]
-                times = []
-                for _ in range(repeats + 1):
-                    t0 = time.perf_counter()
-                    batched_forward(
-                        model, kwarg, cache, slots[:rows], feed, dev, compiled=lm.compiled,
-                        decoder=lm.decoder,
-                    )  # fmt: skip
-                    _sync(dev)
-                    times.append(time.perf_counter() - t0)
-                costs.means[(row_bucket(rows), t)] = statistics.median(times[1:])
+                t0 = time.perf_counter()
+                batched_forward(
+                    model, kwarg, cache, slots[:rows], feed, dev, compiled=lm.compiled,
+                    decoder=lm.decoder,
+                )  # fmt: skip
+                _sync(dev)
+                times[(rows, t)].append(time.perf_counter() - t0)
+        for (rows, t), spent in times.items():
+            costs.means[(row_bucket(rows), t)] = statistics.median(spent[1:])  # after warm-up
     return costs
 
 

@@ -3,6 +3,8 @@ one k per step the batch picks from them (batch/kchoice.py)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from gateway.engine import DecodeRequest, Engine, SamplingParams
@@ -37,6 +39,17 @@ def test_interpolation_and_buckets() -> None:
     assert costs.seconds(8, 1) == pytest.approx(1.0)  # no bucket 8: the nearest smaller one
     assert ForwardCosts().seconds(1, 1) is None
     assert costs.verify_costs(1, 2) == pytest.approx((1.0, 1.5, 2.0))
+
+
+def test_a_spike_in_the_measurements_never_makes_fewer_tokens_cost_more() -> None:
+    """Seen on this CPU: a probe timed 2-token forwards at 3.2x 1-token ones and 3-token
+    ones at 1.0x. The curve reads as non-decreasing, so k = 1 is not priced out."""
+    costs = ForwardCosts({(1, 1): 1.0, (1, 2): 3.2, (1, 3): 1.0, (1, 5): 1.2, (1, 9): 1.8})
+    assert costs.seconds(1, 2) == pytest.approx(1.0)  # at most what 3 tokens cost
+    curve = [costs.seconds(1, t) for t in range(1, 12)]
+    assert all(a <= b for a, b in itertools.pairwise(curve))
+    assert costs.verify_costs(1, 2) == pytest.approx((1.0, 1.0, 1.0))
+    assert costs.seconds(1, 9) == pytest.approx(1.8)  # the largest shape keeps its own
 
 
 def test_observe_follows_the_measurements() -> None:
@@ -110,9 +123,10 @@ def test_probe_measures_every_bucket(llama_lm) -> None:
 def test_now_and_then_a_step_runs_a_neighbouring_k_so_a_noisy_probe_is_corrected(
     llama_lm, draft_lm
 ) -> None:
-    """A probe that timed the best k's forwards at 10x their cost makes that k look
-    hopeless; only running it measures it again. Every EXPLORE_EVERY-th step runs the best
-    k + 1, then - 1, within 0..k_max, and the observed cost replaces the bad estimate."""
+    """A probe that timed the best k's forwards too high (a spike is read at most as high
+    as the next larger shape) moves the choice to a neighbour, and only running that k
+    measures it again. Every EXPLORE_EVERY-th step runs the best k + 1, then - 1, within
+    0..k_max, and the observed cost replaces the bad estimate."""
     offsets = [explore_offset(s) for s in range(4 * EXPLORE_EVERY)]
     assert offsets.count(0) == 4 * (EXPLORE_EVERY - 1)
     assert [o for o in offsets if o] == [1, -1, 1, -1]
