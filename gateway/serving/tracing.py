@@ -188,6 +188,15 @@ class Tracing:
             self.provider.shutdown()
 
 
+# The cost model's inputs and result, as the policy engine recorded them (Decision.inputs):
+# why auto chose what it chose (acceptance and c, and where each came from; the verify cost
+# at the chosen k on the batch it assumed; the expected speedup against its threshold).
+COST_INPUTS = (
+    "acceptance", "c", "c_source", "history_source", "samples", "k_best",
+    "expected_speedup", "verify_cost_at_k", "threshold",
+)  # fmt: skip
+
+
 def decision_attributes(d: Any, load: Any, target: Any, drafts: Iterable[Any]) -> dict[str, Any]:
     """The decision span's attributes (a policy Decision, the Load it assumed, the target's
     manifest entry and its drafts'): what decided, never the request's text."""
@@ -212,6 +221,11 @@ def decision_attributes(d: Any, load: Any, target: Any, drafts: Iterable[Any]) -
             "gateway.decision.batch_rows": load.batch_rows,
             "gateway.decision.queue_depth": load.queue_depth,
             "gateway.target": f"{target.name}@{target.version}",
+            **{
+                f"gateway.decision.input.{name}": d.inputs[name]
+                for name in COST_INPUTS
+                if isinstance(d.inputs.get(name), int | float | str)
+            },
         }
     )
 

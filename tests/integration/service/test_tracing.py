@@ -108,6 +108,16 @@ async def test_one_trace_per_request_with_its_spans(
     assert list(decide["gateway.decision.reason_codes"]) == record["reason_codes"]
     assert len(decide["gateway.decision.rule_ids"]) >= 1
     assert decide["gateway.decision.batch_rows"] >= 1
+    # the cost model's inputs: why the engine chose what it chose, on the batch it assumed
+    assert decide["gateway.decision.input.expected_speedup"] > 0
+    assert decide["gateway.decision.input.c"] >= 0
+    assert 0 <= decide["gateway.decision.input.acceptance"] <= 1
+    assert decide["gateway.decision.input.c_source"] in (
+        "measured_at_batch",
+        "prior",
+        "tenant",
+        "global",
+    )
 
     decode = names["gateway.decode"][0].attributes or {}
     assert decode["gateway.decode.drafted"] == record["drafted_tokens"] > 0
