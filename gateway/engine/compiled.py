@@ -159,22 +159,18 @@ def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str,
     step serves, on a scratch cache of the batch's shapes with 128 cached tokens a row:
     one row x 3 tokens, all rows x 1, all rows x 3."""
     from gateway.engine.batch.forward import batched_forward
-    from gateway.engine.batch.slots import SlotCache, slot_pad
     from gateway.engine.models import cache_kwarg
 
     fast = lm.compiled
     assert fast is not None
     model, kwarg = lm.model, cache_kwarg(lm.model)
     rows = max(2, max_rows)
-    cache = SlotCache(int(model.config.num_hidden_layers), rows, lm.context_length, slot_pad())
-    slots = [cache.take() for _ in range(rows)]
     context = max(1, min(128, lm.context_length - 2 * MAX_TOKENS))
     fill = [[1 + (3 * r + j) % (lm.vocab_size - 1) for j in range(context)] for r in range(rows)]
     shapes = {"1xN": (1, 3), "Bx1": (rows, 1), "BxN": (rows, 3)}
     ratios: dict[str, float] = {}
     with torch.inference_mode():
-        batched_forward(model, kwarg, cache, slots, fill, lm.device, keep_last=True,
-                        decoder=lm.decoder)  # fmt: skip
+        cache, slots = _scratch(lm, rows, fill)
         for name, (b, t) in shapes.items():
             feed = [[2] * t] * b
             spent: dict[bool, list[float]] = {False: [], True: []}
@@ -201,21 +197,16 @@ def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = lo
     several x several) on a scratch cache shaped like a batch's; returns the seconds
     spent."""
     from gateway.engine.batch.forward import batched_forward
-    from gateway.engine.batch.slots import SlotCache, slot_pad
     from gateway.engine.models import cache_kwarg
 
     fast = lm.compiled
     assert fast is not None
-    model = lm.model
-    kwarg = cache_kwarg(model)
-    layers = int(model.config.num_hidden_layers)
-    cache = SlotCache(layers, max(2, max_rows), lm.context_length, pad=slot_pad())
+    model, kwarg = lm.model, cache_kwarg(lm.model)
     kinds = [(1, 3), (2, 1), (2, 3)]
     t0 = time.perf_counter()
+    fill = [[1, 2, 3], [1, 2, 3, 4]]  # rows of different lengths, as in a real batch
     with torch.inference_mode():
-        slots = [cache.take(), cache.take()]
-        fill = [[1, 2, 3], [1, 2, 3, 4]]  # rows of different lengths, as in a real batch
-        batched_forward(model, kwarg, cache, slots, fill, lm.device, decoder=lm.decoder)
+        cache, slots = _scratch(lm, max_rows, fill)
         for i, (rows, t) in enumerate(kinds, 1):
             for s, f in zip(slots, fill, strict=True):
                 cache.length[s] = len(f)
@@ -229,3 +220,20 @@ def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = lo
                 f"token(s)), {time.perf_counter() - t0:.1f} s"
             )
     return time.perf_counter() - t0
+
+
+def _scratch(lm: LoadedModel, max_rows: int, fill: list[list[int]]) -> tuple[SlotCache, list[int]]:
+    """A slot cache shaped like a batch's (max(2, max_rows) rows of the model's context,
+    the batch's padding, so the compiled graphs see the buffers serving will pass), one slot
+    per row of `fill` holding that row's tokens (prefilled eager, uncommitted: callers set
+    the lengths they want)."""
+    from gateway.engine.batch.forward import batched_forward
+    from gateway.engine.batch.slots import SlotCache, slot_pad
+    from gateway.engine.models import cache_kwarg
+
+    layers = int(lm.model.config.num_hidden_layers)
+    cache = SlotCache(layers, max(2, max_rows), lm.context_length, pad=slot_pad())
+    slots = [cache.take() for _ in fill]
+    batched_forward(lm.model, cache_kwarg(lm.model), cache, slots, fill, lm.device,
+                    keep_last=True, decoder=lm.decoder)  # fmt: skip
+    return cache, slots

@@ -8,6 +8,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from gateway.database import AuditWriter, Database
 from gateway.engine import init_torch_thread
@@ -24,6 +25,8 @@ from gateway.serving.rollouts import RolloutAdmin, RolloutTraffic, RolloutView
 from gateway.serving.tracing import Tracing
 from gateway.serving.worker import InferenceWorker, batch_rows
 from gateway.settings import Settings
+
+T = TypeVar("T")
 
 log = logging.getLogger("gateway")
 SYNC_S = 2.0
@@ -192,16 +195,20 @@ def make_limiter(settings: Settings) -> Limiter:
 
 def _compile_mode(value: str) -> str:
     """GATEWAY_COMPILE: off, on or auto (true/false: on/off)."""
-    choices = {"off": "off", "false": "off", "on": "on", "true": "on", "auto": "auto"}
-    mode = choices.get(value.strip().lower())
-    if mode is None:
-        raise ValueError(f"GATEWAY_COMPILE must be off, on or auto, got {value!r}")
-    return mode
+    return _auto_on_off("GATEWAY_COMPILE", value, ("off", "on", "auto"))
 
 
 def _cpu_linear(value: str) -> bool | None:
     """GATEWAY_CPU_LINEAR: auto (None: measured at load), on, off."""
-    choices = {"auto": None, "on": True, "true": True, "off": False, "false": False}
-    if value.strip().lower() not in choices:
-        raise ValueError(f"GATEWAY_CPU_LINEAR must be auto, on or off, got {value!r}")
-    return choices[value.strip().lower()]
+    return _auto_on_off("GATEWAY_CPU_LINEAR", value, (False, True, None))
+
+
+def _auto_on_off(name: str, value: str, meanings: tuple[T, T, T]) -> T:
+    """What an off / on / auto setting means (true and false: on and off); any other value
+    stops the start, naming the variable."""
+    off, on, auto = meanings
+    choices = {"off": off, "false": off, "on": on, "true": on, "auto": auto}
+    key = value.strip().lower()
+    if key not in choices:
+        raise ValueError(f"{name} must be off, on or auto, got {value!r}")
+    return choices[key]

@@ -60,20 +60,26 @@ class ForwardCosts:
     def seconds(self, rows: int, tokens: int) -> float | None:
         """Estimated seconds of a forward of `rows` rows x `tokens` tokens; None when no
         shape of this row bucket (or a smaller one) was measured."""
+        curve = self.curve(rows, tokens)
+        return None if curve is None else curve[-1]
+
+    def curve(self, rows: int, max_tokens: int) -> list[float] | None:
+        """`seconds(rows, t)` for t = 1..max_tokens (index t - 1), the measured points read
+        once; None when nothing of this row bucket (or a smaller one) was measured."""
         b = row_bucket(rows)
         below = [rb for rb, _ in self.means if rb <= b]
         if not below:
             return None
         rb = max(below)  # the bucket itself, else the nearest smaller one measured
-        points = sorted((t, s) for (r, t), s in self.means.items() if r == rb)
-        return _interpolate(_non_decreasing(points), tokens)
+        points = _non_decreasing(sorted((t, s) for (r, t), s in self.means.items() if r == rb))
+        return [_interpolate(points, t) for t in range(1, max_tokens + 1)]
 
     def verify_costs(self, rows: int, k_max: int) -> tuple[float, ...] | None:
         """v(k) = T(rows, k + 1) / T(rows, 1) for k = 0..k_max (v(0) = 1)."""
-        one = self.seconds(rows, 1)
-        if one is None or one <= 0:
+        curve = self.curve(rows, k_max + 1)
+        if curve is None or curve[0] <= 0:
             return None
-        return tuple(max(1.0, (self.seconds(rows, k + 1) or one) / one) for k in range(k_max + 1))
+        return tuple(max(1.0, s / curve[0]) for s in curve)
 
 
 def _non_decreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:

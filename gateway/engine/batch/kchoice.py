@@ -69,13 +69,14 @@ def choose_batch_k(
     standard = rows - len(adaptive) - len(fixed)
     k_hi = max(c.policy.k_max for c in adaptive if c.policy is not None)
     best_k, best_rate = 0, -1.0
-    # Looked up once per step, not once per candidate k (each lookup sorts and interpolates).
-    verify = [target.seconds(rows, 1 + k) or 0.0 for k in range(k_hi + 1)]
+    # T(rows, 1 + k) for every k a row may run, read once per step (not once per candidate)
+    verify = target.curve(rows, 1 + max([k_hi] + [kc for _, kc in fixed]))
+    assert verify is not None  # _measured above
     draft_one: dict[tuple[int, int], float | None] = {}
     for k in range(k_hi + 1):
         ks = [(c, _clamp(c, k)) for c in adaptive] + fixed
         widest = max(kc for _, kc in ks)
-        step_s = verify[widest] if widest <= k_hi else target.seconds(rows, 1 + widest) or 0.0
+        step_s = verify[widest]
         step_s += _draft_seconds(ks, drafts, verify[0], draft_one)
         tokens = standard + sum(
             expected_tokens(c.policy.acceptance, kc) for c, kc in ks if c.policy is not None

@@ -17,13 +17,14 @@ shapes of a step are (rows, tokens) with rows <= slots.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from gateway.limits import MAX_K
 
+Buffers = tuple[list[torch.Tensor], list[torch.Tensor]]  # every layer's keys, values
 PREFILL_CHUNK = 128  # prompt tokens a batch step prefills at most (scheduler.py)
 
 
@@ -103,6 +104,7 @@ class SlotCache(Cache):
         self.step_range: tuple[int, int] | None = None
         self.step_span = 0  # keys returned: positions 0..span-1
         self.step_single: tuple[int, int] | None = None  # (slot, start) of a one-row step
+        self._buffers: Buffers | None = None
         super().__init__(layers=[SlotLayer(self) for _ in range(layers)])
 
     def take(self) -> int:
@@ -118,15 +120,22 @@ class SlotCache(Cache):
     @property
     def allocated(self) -> bool:
         """Whether the buffers exist (they are allocated by the first forward)."""
-        return all(isinstance(layer, SlotLayer) and layer.is_initialized for layer in self.layers)
+        return self._buffers is not None or all(
+            isinstance(layer, SlotLayer) and layer.is_initialized for layer in self.layers
+        )
 
-    def buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Every layer's key and value buffers (slots, kv_heads, capacity + pad, D)."""
-        layers = [layer for layer in self.layers if isinstance(layer, SlotLayer)]
-        keys = [layer.keys for layer in layers]
-        values = [layer.values for layer in layers]
-        assert all(x is not None for x in keys + values), "no forward has run yet"
-        return keys, values  # type: ignore[return-value]
+    def buffers(self) -> Buffers:
+        """Every layer's key and value buffers (slots, kv_heads, capacity + pad, D); listed
+        once, since they never move after the first forward (a compiled step asks for them
+        on every forward)."""
+        buffers = self._buffers
+        if buffers is None:
+            layers = [layer for layer in self.layers if isinstance(layer, SlotLayer)]
+            keys = [layer.keys for layer in layers]
+            values = [layer.values for layer in layers]
+            assert all(x is not None for x in keys + values), "no forward has run yet"
+            buffers = self._buffers = cast(Buffers, (keys, values))
+        return buffers
 
     @property
     def in_use(self) -> int:
