@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks._server import gateway
+from benchmarks._server import Running, gateway
 from benchmarks.http import MODEL, _manifest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,24 +230,33 @@ def _alone(url: str, key: str, prompts: list[str]) -> dict[str, str]:
 
 
 @contextmanager
-def batch_gateway(prompts: list[str], **env: str) -> Iterator[tuple[str, str, dict[str, str]]]:
-    """A gateway on the demo pair (draft v2) with 16 batch rows, a tenant allowed to pick
-    its decoding, warmed up in every mode; yields its URL, the tenant's key and each
-    prompt's standard text served alone (the reference for `identical_to_alone`)."""
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        gateway(
-            GATEWAY_MAX_BATCH="16",
-            GATEWAY_MAX_ACTIVE="32",
-            GATEWAY_QUEUE_CAPACITY="64",
-            GATEWAY_MODELS=str(_manifest(Path(tmp))),
+def warm_gateway(
+    prompts: list[str], module: str = "gateway", cwd: Path | None = None, **env: str
+) -> Iterator[tuple[Running, str]]:
+    """A gateway on the demo pair (draft v2; 16 batch rows unless `env` says otherwise), a
+    tenant allowed to pick its decoding, warmed up in every mode (the draft loads on first
+    use); yields the running gateway and the tenant's key."""
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = {
+            "GATEWAY_MAX_BATCH": "16",
+            "GATEWAY_MAX_ACTIVE": "32",
+            "GATEWAY_QUEUE_CAPACITY": "64",
+            "GATEWAY_MODELS": str(_manifest(Path(tmp))),
             **env,
-        ) as gw,
-    ):
-        key = gw.tenant("bench", {"client_override": {"allow": True}})
-        with httpx.Client(base_url=gw.url, timeout=600) as c:
-            for d in MODES.values():
-                _stream(c, key, prompts[0], d)  # warm-up (the draft loads on first use)
+        }
+        with gateway(module=module, cwd=cwd, **settings) as gw:
+            key = gw.tenant("bench", {"client_override": {"allow": True}})
+            with httpx.Client(base_url=gw.url, timeout=600) as c:
+                for d in MODES.values():
+                    _stream(c, key, prompts[0], d)
+            yield gw, key
+
+
+@contextmanager
+def batch_gateway(prompts: list[str], **env: str) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """`warm_gateway`; yields its URL, the tenant's key and each prompt's standard text
+    served alone (the reference for `identical_to_alone`)."""
+    with warm_gateway(prompts, **env) as (gw, key):
         yield gw.url, key, _alone(gw.url, key, prompts)
 
 

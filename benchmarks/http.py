@@ -76,11 +76,12 @@ def _post(client: httpx.Client, key: str, prompt: str, decoding: dict[str, Any])
     return int(r.json()["usage"]["completion_tokens"])
 
 
-def _manifest(folder: Path) -> Path:
-    """The demo manifest with draft v2 as the only draft (the bundled one serves v1 as the
-    baseline), so that both sides decode with the same pair."""
+def _manifest(folder: Path, version: str = "2") -> Path:
+    """The demo manifest with draft `version` as the only draft (the bundled one serves v1
+    as the baseline; these benchmarks decode with v2), so that both sides decode with the
+    same pair."""
     models = yaml.safe_load(MANIFEST.read_text())["models"]
-    keep = [m for m in models if m["role"] == "target" or m["version"] == "2"]
+    keep = [m for m in models if m["role"] == "target" or str(m["version"]) == version]
     for m in keep:
         m["path"] = str(MANIFEST.parent / m["path"])
     path = folder / "manifest.yaml"

@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 import yaml
 
-from benchmarks._server import MANIFEST, gateway
-from benchmarks.http import MODEL, _prompts
+from benchmarks._server import gateway
+from benchmarks.http import MODEL, _manifest, _prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 NEW_TOKENS = 96
@@ -64,16 +64,13 @@ for line in sys.stdin:
 """
 
 
-def _manifest(folder: Path, version: str) -> tuple[Path, Path, Path]:
-    """A manifest with the demo target and draft `version` only; the two model dirs."""
-    models = yaml.safe_load(MANIFEST.read_text())["models"]
-    keep = [m for m in models if m["role"] == "target" or str(m["version"]) == version]
-    for m in keep:
-        m["path"] = str(MANIFEST.parent / m["path"])
-    target = next(Path(m["path"]) for m in keep if m["role"] == "target")
-    draft = next(Path(m["path"]) for m in keep if m["role"] != "target")
-    path = folder / "manifest.yaml"
-    path.write_text(yaml.safe_dump({"models": keep}))
+def _pair(folder: Path, version: str) -> tuple[Path, Path, Path]:
+    """A manifest with the demo target and draft `version` only (http._manifest); its
+    target's and draft's model dirs."""
+    path = _manifest(folder, version)
+    models = yaml.safe_load(path.read_text())["models"]
+    target = next(Path(m["path"]) for m in models if m["role"] == "target")
+    draft = next(Path(m["path"]) for m in models if m["role"] != "target")
     return path, target, draft
 
 
@@ -81,7 +78,7 @@ def _side_by_side(version: str, prompts: list[str]) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        manifest, target_dir, draft_dir = _manifest(Path(tmp), version)
+        manifest, target_dir, draft_dir = _pair(Path(tmp), version)
         tok = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
         hf = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(target_dir), str(draft_dir), str(K),

@@ -33,16 +33,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from benchmarks._server import gateway
-from benchmarks.concurrency import MODES, NEW_TOKENS, _prompts, _stream
-from benchmarks.http import _manifest
+from benchmarks.concurrency import MODES, NEW_TOKENS, _prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = (("speculative", 1), ("speculative", 8), ("standard", 1))
@@ -137,40 +132,22 @@ def _snapshot(pid: int, path: Path) -> dict[str, Any]:
 
 def _over_http(requests_per_case: int, root: Path = ROOT) -> dict[str, Any]:
     from benchmarks import _phases
+    from benchmarks.concurrency import _runs, warm_gateway  # this checkout's, in the driver
 
     prompts = _prompts()
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         dump = Path(tmp) / "phases.json"
-        with gateway(
-            module="benchmarks._phases",
-            cwd=root,
-            GATEWAY_PHASES_OUT=str(dump),
-            GATEWAY_MAX_BATCH="8",
-            GATEWAY_MAX_ACTIVE="16",
-            GATEWAY_QUEUE_CAPACITY="64",
-            GATEWAY_MODELS=str(_manifest(Path(tmp))),
-        ) as gw:
-            key = gw.tenant("bench", {"client_override": {"allow": True}})
-            with httpx.Client(base_url=gw.url, timeout=600) as c:
-                for d in MODES.values():
-                    _stream(c, key, prompts[0], d)  # warm-up (the draft loads on first use)
+        with warm_gateway(
+            prompts, module="benchmarks._phases", cwd=root, GATEWAY_PHASES_OUT=str(dump),
+            GATEWAY_MAX_BATCH="8", GATEWAY_MAX_ACTIVE="16",
+        ) as (gw, key):  # fmt: skip
             for mode, clients in CASES:
                 per_client = max(1, requests_per_case // clients)
-
-                def client_run(c: int, mode: str = mode, per_client: int = per_client) -> int:
-                    with httpx.Client(base_url=gw.url, timeout=600) as client:
-                        mine = [prompts[(c * per_client + i) % len(prompts)]
-                                for i in range(per_client)]  # fmt: skip
-                        return sum(_stream(client, key, p, MODES[mode])["tokens"] for p in mine)
-
                 before = _snapshot(gw.pid, dump)
-                t0 = time.perf_counter()
-                with ThreadPoolExecutor(clients) as pool:
-                    tokens = sum(pool.map(client_run, range(clients)))
-                wall = time.perf_counter() - t0
+                runs, wall = _runs(gw.url, key, prompts, clients, per_client, MODES[mode])
                 phases = _phases.difference(_snapshot(gw.pid, dump), before)
-                out[f"{mode}_{clients}"] = _summary(phases, wall, tokens)
+                out[f"{mode}_{clients}"] = _summary(phases, wall, sum(r["tokens"] for r in runs))
     return out
 
 
