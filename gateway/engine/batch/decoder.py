@@ -112,13 +112,44 @@ class LeanDecoder:
         h = self.hidden(
             input_ids, position_ids, attention_mask, lambda i, k, v: cache.update(k, v, i)
         )
-        b, t = input_ids.shape
-        if keep is not None and b > 1:
-            h = h[torch.arange(b), torch.tensor(keep)][:, None]  # (B, 1, H)
-        elif keep is not None:  # two positions, not one: BLAS rounds a one-row product
-            h = h[:, max(0, t - 2) :]  # otherwise than a several-row one (as the full head)
+        if keep is not None:
+            h = kept_rows(h, keep)
         out = self.head(h, backbone)
         return out[:, -1:] if keep is not None else out
+
+
+def kept_rows(h: torch.Tensor, keep: list[int]) -> torch.Tensor:
+    """The positions of (B, T, H) that a keep_last step's head runs on: row r's keep[r],
+    (B, 1, H); one row keeps its last two positions, (1, 2, H), of which the caller uses the
+    last (a BLAS product of one row rounds otherwise than a product of several, on every
+    CPU measured; which several-row counts round alike depends on the CPU and its BLAS)."""
+    b, t = h.shape[0], h.shape[1]
+    if b > 1:
+        return h[torch.arange(b), torch.tensor(keep)][:, None]
+    return h[:, max(0, t - 2) :]
+
+
+def reference_logits(
+    model: Any, kwarg: str, cache: Any, slots: list[int], feeds: list[list[int]],
+    device: torch.device, keep_last: bool = False, backbone: bool = False,
+) -> list[torch.Tensor]:  # fmt: skip
+    """What the lean decoder must give bitwise, computed by the model's own forward:
+    `batched_forward` without a decoder, except that a keep_last step's logits are the
+    model's output head applied to the rows `kept_rows` picks from its final hidden states.
+    A head over every position multiplies another number of rows, and a BLAS may round a
+    row by how many rows share its product (on AMD EPYC with AVX2, MKL has classes of 1,
+    2-3 and 4 or more rows), so comparing with that would test the BLAS, not the decoder."""
+    from gateway.engine.batch.forward import batched_forward
+
+    if not keep_last or backbone:
+        return batched_forward(model, kwarg, cache, slots, feeds, device, keep_last, backbone)
+    hidden = batched_forward(model, kwarg, cache, slots, feeds, device, backbone=True)
+    t = max(len(f) for f in feeds)
+    h = torch.zeros(len(feeds), t, hidden[0].shape[-1], dtype=hidden[0].dtype, device=device)
+    for r, x in enumerate(hidden):
+        h[r, : x.shape[0]] = x
+    out = model.get_output_embeddings()(kept_rows(h, [len(f) - 1 for f in feeds]))
+    return [out[r, -1:] for r in range(len(feeds))]
 
 
 def build_decoder(model: Any, kwarg: str) -> LeanDecoder | None:
@@ -156,7 +187,7 @@ def _parity(model: Any, kwarg: str, lean: LeanDecoder) -> bool:
             cache.take(), cache.take()
         for slots, feeds, last in steps:
             feeds = [[x % vocab for x in f] for f in feeds]
-            ref = batched_forward(model, kwarg, caches[0], slots, feeds, device, keep_last=last)
+            ref = reference_logits(model, kwarg, caches[0], slots, feeds, device, keep_last=last)
             got = batched_forward(
                 model, kwarg, caches[1], slots, feeds, device, keep_last=last, decoder=lean
             )

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gateway.engine.batch import decoder as decoder_module
-from gateway.engine.batch.decoder import LeanDecoder, build_decoder
+from gateway.engine.batch.decoder import LeanDecoder, build_decoder, reference_logits
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.batch.slots import SlotCache
 from gateway.engine.models import cache_kwarg, wrap_model
@@ -51,7 +51,7 @@ def test_lean_logits_equal_the_transformers_forward_bitwise(family, cpu_linear, 
             ]
             kind = rng.choice(["logits", "keep_last", "backbone"])
             kw = {"keep_last": kind != "logits", "backbone": kind == "backbone"}
-            ref = batched_forward(model, kwarg, caches[0], slots, feeds, lm.device, **kw)
+            ref = reference_logits(model, kwarg, caches[0], slots, feeds, lm.device, **kw)
             got = batched_forward(
                 model, kwarg, caches[1], slots, feeds, lm.device, decoder=lm.decoder, **kw
             )
