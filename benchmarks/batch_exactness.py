@@ -33,12 +33,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 TIE = 1e-3  # logprob gap; fp32 logits differ by ~1e-6 between kernels
 NEW_TOKENS = 64
+PROMPT_SETS = [
+    Path(__file__).resolve().parent / "prompts" / f"{n}.jsonl" for n in ("code", "heldout")
+]
 
 CHILD = """
 import json, sys
 import torch
-from benchmarks._pairs import load_pair
-from benchmarks.batch_exactness import blas_row_classes, compare, prompts
+from benchmarks._pairs import load_pair, load_prompts
+from benchmarks.batch_exactness import PROMPT_SETS, blas_row_classes, compare
 from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, init_torch_thread
 
 init_torch_thread()
@@ -46,7 +49,7 @@ new_tokens, rows = int(sys.argv[1]), 8
 pair = load_pair()
 draft = pair.drafts["v2"]
 eng = Engine(pair.target)
-ids = [tuple(eng.tokenizer(p)["input_ids"]) for p in prompts()]
+ids = [x for path in PROMPT_SETS for x in load_prompts(eng.tokenizer, path)]
 sp = SamplingParams(temperature=0.0, max_tokens=new_tokens, logprobs=True, top_logprobs=2)
 batch = eng.batch(rows)
 
@@ -84,19 +87,9 @@ for start in range(0, len(ids), rows):  # batches of 8 prompts; then the same wi
         for (i, spec, _), res in zip(jobs, decode(jobs)):
             runs["batched"].append(against_alone(i, res, spec))
 weight_major = "forward" in pair.target.model.lm_head.__dict__  # cpu_linear patched it
-print(json.dumps({"runs": runs, "blas_row_classes": blas_row_classes(),
+print(json.dumps({"runs": runs, "blas_row_classes": blas_row_classes(), "prompts": len(ids),
                   "threads": torch.get_num_threads(), "weight_major": weight_major}))
 """
-
-
-def prompts() -> list[str]:
-    folder = Path(__file__).resolve().parent / "prompts"
-    return [
-        json.loads(x)["prompt"]
-        for name in ("code.jsonl", "heldout.jsonl")
-        for x in (folder / name).read_text().splitlines()
-        if x.strip()
-    ]
 
 
 def compare(
@@ -175,7 +168,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     return {
         "setup": {
-            "prompts": len(prompts()),
+            "prompts": got["prompts"],
             "new_tokens": 16 if quick else NEW_TOKENS,
             "batch_rows": 8,
             "draft": "demo-code-draft@2",

@@ -158,6 +158,7 @@ def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str,
     """Compiled/eager time (median of `repeats`) of each kind of step this model's compiled
     step serves, on a scratch cache of the batch's shapes with 128 cached tokens a row:
     one row x 3 tokens, all rows x 1, all rows x 3."""
+    from gateway.engine.batch.costs import sync
     from gateway.engine.batch.forward import batched_forward
     from gateway.engine.models import cache_kwarg
 
@@ -184,8 +185,7 @@ def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str,
                         keep_last=fast.keep_last, backbone=fast.backbone,
                         compiled=fast if compiled else None, decoder=lm.decoder,
                     )  # fmt: skip
-                    if lm.device.type == "cuda":
-                        torch.cuda.synchronize(lm.device)
+                    sync(lm.device)
                     spent[compiled].append(time.perf_counter() - t0)
             eager, comp = (sorted(spent[c][1:])[repeats // 2] for c in (False, True))
             ratios[name] = comp / eager if eager > 0 else 1.0

@@ -142,13 +142,14 @@ def probe(
                     model, kwarg, cache, slots[:rows], feed, dev, compiled=lm.compiled,
                     decoder=lm.decoder,
                 )  # fmt: skip
-                _sync(dev)
+                sync(dev)
                 times[(rows, t)].append(time.perf_counter() - t0)
         for (rows, t), spent in times.items():
             costs.means[(row_bucket(rows), t)] = statistics.median(spent[1:])  # after warm-up
     return costs
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so a timing is real."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
