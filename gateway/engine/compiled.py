@@ -39,12 +39,14 @@ import torch
 if TYPE_CHECKING:
     from gateway.engine.batch.decoder import LeanDecoder
     from gateway.engine.batch.slots import SlotCache
+    from gateway.engine.graphs import GraphedSteps
     from gateway.engine.models import LoadedModel
 
 log = logging.getLogger("gateway.engine.compiled")
 
 MAX_TOKENS = 16  # tokens a row feeds in a compiled step; longer feeds (prefill) run eager
 KINDS = frozenset({"1xN", "Bx1", "BxN"})
+GRAPH_KINDS = KINDS | {"1x1"}  # captured graphs serve one row x one token too
 FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share of eager's
 
 
@@ -60,14 +62,16 @@ class CompiledForwards:
     kinds: frozenset[str] = KINDS
     """The kinds of step (`kind`) served compiled; GATEWAY_COMPILE=auto keeps those where
     the compiled step measured faster than eager (`measure_kinds`)."""
+    graphs: GraphedSteps | None = None
+    """On CUDA: the step padded to buckets and replayed as captured graphs (graphs.py)."""
 
     def serves(self, rows: int, tokens: int, keep_last: bool, backbone: bool) -> bool:
         """Whether this step runs compiled: a step of the kind it was built for, up to
-        MAX_TOKENS tokens a row, and not one row x one token (eager is faster there: it
-        reads the row's cache as a view and needs no mask; measured in engine_compiled)."""
+        MAX_TOKENS tokens a row, and of a kind it serves (on the CPU not one row x one
+        token: eager is faster there, it reads the row's cache as a view and needs no mask;
+        measured in engine_compiled; captured CUDA graphs serve that kind too)."""
         return (
-            rows * tokens > 1
-            and tokens <= MAX_TOKENS
+            tokens <= MAX_TOKENS
             and (keep_last, backbone) == (self.keep_last, self.backbone)
             and kind(rows, tokens) in self.kinds
         )
@@ -81,9 +85,11 @@ class CompiledForwards:
 
 
 def kind(rows: int, tokens: int) -> str:
-    """A step's kind: one row x several tokens, several rows x one, several x several
-    (torch specialises sizes of 1, so each kind is a graph of its own)."""
-    return "1xN" if rows == 1 else "Bx1" if tokens == 1 else "BxN"
+    """A step's kind: one row x one token, one row x several tokens, several rows x one,
+    several x several (torch specialises sizes of 1, so each kind is a graph of its own)."""
+    if rows == 1:
+        return "1x1" if tokens == 1 else "1xN"
+    return "Bx1" if tokens == 1 else "BxN"
 
 
 def _step(
@@ -110,32 +116,54 @@ def _step(
     return lean.head(h, backbone)
 
 
-def compile_forwards(lean: LeanDecoder, keep_last: bool, backbone: bool) -> CompiledForwards:
-    """Compile lazily: nothing is traced until the first call (`warm_up` makes it)."""
+def compile_forwards(
+    lean: LeanDecoder, keep_last: bool, backbone: bool, inductor: bool = True,
+    graph_rows: int = 0,
+) -> CompiledForwards:  # fmt: skip
+    """The step, compiled by inductor (lazily: nothing is traced until the first call,
+    `warm_up` makes it) unless `inductor` is False; with graph_rows > 0, padded to buckets
+    of up to that many rows and, on CUDA, replayed as captured graphs (graphs.py)."""
+    from gateway.engine.batch.forward import model_facts
+    from gateway.engine.graphs import GraphedSteps
 
     def step(*args: Any) -> torch.Tensor:
         return _step(lean, keep_last, backbone, *args)
 
-    return CompiledForwards(torch.compile(step, dynamic=True), keep_last, backbone)
+    fn = torch.compile(step, dynamic=True) if inductor else step
+    if graph_rows <= 0:
+        return CompiledForwards(fn, keep_last, backbone)
+    window, dtype = model_facts(lean.model)
+    device = next(lean.model.parameters()).device
+    graphs = GraphedSteps(fn, graph_rows, MAX_TOKENS, window, dtype, device.type == "cuda")
+    return CompiledForwards(fn, keep_last, backbone, GRAPH_KINDS, graphs)
 
 
 def compiled_model(
     lm: LoadedModel, max_rows: int, draft: bool = False,
     progress: Callable[[str], None] = log.info, measure: bool = False,
+    inductor: bool = True, graphs: bool = False,
 ) -> tuple[LoadedModel, float]:  # fmt: skip
     """``lm`` with its compiled step (a draft's: drafting, with its reduced head's backbone
     if it has one; a target's: verify), every kind of step already compiled on a slot cache
     of the batch's own shapes (so serving compiles nothing more); and the seconds the
-    warm-up took. With `measure` (GATEWAY_COMPILE=auto), each kind is then timed compiled
-    and eager and only the kinds where compiling measured faster are served compiled;
-    where none is, ``lm`` comes back eager. Raises ValueError for a model without a lean
-    decoder (its family was not checked, batch/decoder.py): it runs eager."""
+    warm-up took. `graphs`: the step is padded to buckets and, on CUDA, replayed as
+    captured graphs (graphs.py; recorded per cache on first use of a bucket); `inductor`
+    False keeps the eager lean step inside them (nothing to compile). With `measure`
+    (GATEWAY_COMPILE=auto), each kind is then timed compiled and eager and only the kinds
+    where compiling measured faster are served compiled; where none is, ``lm`` comes back
+    eager. Raises ValueError for a model without a lean decoder (its family was not
+    checked, batch/decoder.py): it runs eager."""
     if lm.decoder is None:
         raise ValueError("only models the lean decoder runs are compiled (Llama, Mistral, Qwen2)")
     backbone = draft and lm.draft_head is not None
-    out = replace(lm, compiled=compile_forwards(lm.decoder, keep_last=draft, backbone=backbone))
+    fast = compile_forwards(
+        lm.decoder, keep_last=draft, backbone=backbone, inductor=inductor,
+        graph_rows=max(2, max_rows) if graphs else 0,
+    )  # fmt: skip
+    out = replace(lm, compiled=fast)
     t0 = time.perf_counter()
-    warm_up(out, max_rows, progress)
+    if inductor:
+        warm_up(out, max_rows, progress)
     if measure:
         ratios = measure_kinds(out, max_rows)
         kinds = faster_kinds(ratios)
@@ -157,7 +185,7 @@ def faster_kinds(ratios: dict[str, float]) -> frozenset[str]:
 def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str, float]:
     """Compiled/eager time (median of `repeats`) of each kind of step this model's compiled
     step serves, on a scratch cache of the batch's shapes with 128 cached tokens a row:
-    one row x 3 tokens, all rows x 1, all rows x 3."""
+    one row x 3 tokens, all rows x 1, all rows x 3 (and one row x 1 where graphs serve it)."""
     from gateway.engine.batch.costs import sync
     from gateway.engine.batch.forward import batched_forward
     from gateway.engine.models import cache_kwarg
@@ -168,7 +196,8 @@ def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str,
     rows = max(2, max_rows)
     context = max(1, min(128, lm.context_length - 2 * MAX_TOKENS))
     fill = [[1 + (3 * r + j) % (lm.vocab_size - 1) for j in range(context)] for r in range(rows)]
-    shapes = {"1xN": (1, 3), "Bx1": (rows, 1), "BxN": (rows, 3)}
+    shapes = {"1x1": (1, 1), "1xN": (1, 3), "Bx1": (rows, 1), "BxN": (rows, 3)}
+    shapes = {name: shape for name, shape in shapes.items() if name in fast.kinds}
     ratios: dict[str, float] = {}
     with torch.inference_mode():
         cache, slots = _scratch(lm, rows, fill)
@@ -202,7 +231,7 @@ def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = lo
     fast = lm.compiled
     assert fast is not None
     model, kwarg = lm.model, cache_kwarg(lm.model)
-    kinds = [(1, 3), (2, 1), (2, 3)]
+    kinds = [(1, 3), (2, 1), (2, 3)] + ([(1, 1)] if "1x1" in fast.kinds else [])
     t0 = time.perf_counter()
     fill = [[1, 2, 3], [1, 2, 3, 4]]  # rows of different lengths, as in a real batch
     with torch.inference_mode():

@@ -37,7 +37,8 @@ def batched_forward(
     """Logits per row: (len(tokens[r]), V) each, or (1, V) of the last token with keep_last;
     with backbone, the last hidden states instead ((.., H), the output head skipped).
     Writes each row's tokens into its slot at length[slot].. (the caller commits). With
-    `compiled`, the model's compiled step runs the steps it was built for (engine/compiled.py);
+    `compiled`, the model's compiled step runs the steps it was built for (engine/compiled.py;
+    on CUDA as captured graphs, engine/graphs.py);
     the others run `decoder`, the lean forward (batch/decoder.py: the same logits as the
     model's forward, less overhead), or without one the model's own forward."""
     b = len(slots)
@@ -49,7 +50,12 @@ def batched_forward(
     if max(starts) + t > cache.capacity + cache.pad:
         raise ValueError("a padded row would write past its slot's padding")
     span = max(st + n for st, n in zip(starts, lengths, strict=True))
-    window, dtype = _facts(model)
+    if compiled is not None and compiled.serves(b, t, keep_last, backbone) and cache.allocated:
+        graphs = compiled.graphs
+        if graphs is not None and graphs.serves(b, t, cache):  # padded to a bucket
+            out = graphs(cache, slots, tokens, starts, span, keep_last)
+            return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
+    window, dtype = model_facts(model)
     empty = any(st == 0 and n < t for st, n in zip(starts, lengths, strict=True))
     # Built as Python lists and turned into ONE tensor (B, T) x 4: a step's shaping used to
     # be a dozen small torch ops, ~0.1 ms a forward. Per row: token ids right-padded with 0;
@@ -157,7 +163,7 @@ def _fill(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 _FACTS: weakref.WeakKeyDictionary[Any, tuple[int | None, torch.dtype]] = weakref.WeakKeyDictionary()
 
 
-def _facts(model: Any) -> tuple[int | None, torch.dtype]:
+def model_facts(model: Any) -> tuple[int | None, torch.dtype]:
     """A model's sliding window and float dtype, read once (a model's `dtype` walks its
     parameters, ~10 us a call)."""
     try:

@@ -1,0 +1,211 @@
+"""Captured CUDA graphs of the batch step: a step replays recorded kernels instead of
+launching each one from Python.
+
+Why: on a GPU the demo models' step is a few hundred small kernels; launching them one by
+one from Python takes longer than running them. A CUDA graph records them once and replays
+them with one call, the way vLLM and gpt-fast serve small batches.
+
+Static shapes: a graph replays exactly the shapes, and the memory addresses, it recorded.
+So a step is padded up to a bucket of rows x tokens x key span (powers of two; rows up to
+the batch's, tokens up to compiled.MAX_TOKENS, the span from 64 keys to the slot's buffer),
+and everything a step varies goes in through ONE integer tensor copied into the graph's
+own input before it replays: per row and position, the token id, its position id, where
+its key and value are written, the last key it sees; per row, its slot and the position
+its logits are kept at (a draft's step). The attention mask is built inside the graph from
+those. The KV buffers of the slot cache are written and read in place, so graphs belong to
+one cache (they record its buffers' addresses); a cache's graphs are captured on first use
+of each bucket and dropped with the cache.
+
+Padding is inert: a padded token of a real row writes past the row's committed length
+(overwritten by its next step, never attended before), a padded row writes into the first
+row's slot past the slot's capacity (the slot cache's pad, never read) and sees one key, so
+nothing real is changed and no row of the output is NaN. Padded outputs are cut off.
+
+Exactness: a padded step multiplies more rows and attends over more (masked) keys, so a
+kernel library may pick another kernel and round a logit otherwise than the eager step;
+tests/unit/engine/test_graphs.py checks the bucketed step against the eager one (on the
+CPU without capturing, on CUDA captured) and that any parting of greedy outputs is a near
+tie.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from gateway.engine.batch.slots import SlotCache
+
+# (ids, mask, position_ids, rows, positions, keys, values, keep) -> (B, T or 1, V or H)
+Step = Callable[..., torch.Tensor]
+
+MIN_SPAN = 64  # the smallest key-span bucket
+
+
+def bucket(n: int, limit: int, least: int = 1) -> int:
+    """The smallest power of two >= max(n, least), capped at `limit` (itself a bucket)."""
+    b = least
+    while b < n:
+        b *= 2
+    return min(b, limit)
+
+
+@dataclass
+class _Graph:
+    inputs: torch.Tensor  # (6, B, T) int64 on the device: the step's only input
+    run: Callable[[], torch.Tensor]  # the step on `inputs` (eager: the CPU tests)
+    graph: torch.cuda.CUDAGraph | None = None
+    output: torch.Tensor | None = None  # what the captured step wrote (static)
+
+    def __call__(self) -> torch.Tensor:
+        if self.graph is None:
+            return self.run()
+        self.graph.replay()
+        assert self.output is not None
+        return self.output
+
+
+class GraphedSteps:
+    """A model's step, padded to buckets and (on CUDA) captured once per bucket and cache.
+
+    `step`: the compiled or eager step function (engine/compiled.py `_step` form);
+    `capture`: record CUDA graphs (False runs the bucketed step eagerly: the CPU tests)."""
+
+    def __init__(
+        self, step: Step, max_rows: int, max_tokens: int, window: int | None,
+        dtype: torch.dtype, capture: bool,
+    ) -> None:  # fmt: skip
+        self.step = step
+        self.max_rows = max_rows
+        self.max_tokens = max_tokens
+        self.window = window
+        self.dtype = dtype
+        self.capture = capture
+        self.captures = 0  # graphs recorded so far (all caches)
+        self.capture_s = 0.0  # seconds spent recording them
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._graphs: weakref.WeakKeyDictionary[SlotCache, dict[tuple[int, int, int], _Graph]]
+        self._graphs = weakref.WeakKeyDictionary()
+
+    def serves(self, rows: int, tokens: int, cache: SlotCache) -> bool:
+        """Whether a step of this shape on this cache fits a bucket: rows up to max_rows,
+        tokens up to max_tokens and within the cache's pad (where padded tokens land)."""
+        return rows <= self.max_rows and tokens <= min(self.max_tokens, cache.pad)
+
+    def buckets(self, rows: int, tokens: int, span: int, cache: SlotCache) -> tuple[int, int, int]:
+        return (
+            bucket(rows, self.max_rows),
+            bucket(tokens, self.max_tokens),
+            bucket(span, cache.capacity + cache.pad, MIN_SPAN),
+        )
+
+    def __call__(
+        self, cache: SlotCache, slots: list[int], tokens: list[list[int]], starts: list[int],
+        span: int, keep_last: bool,
+    ) -> torch.Tensor:  # fmt: skip
+        """(len(slots), T or 1, V or H): row r feeds tokens[r] from starts[r] into its slot;
+        T is the longest feed. Only real rows come back; they are copies (the graph's
+        output is overwritten by its next replay)."""
+        b, t = len(tokens), max(len(x) for x in tokens)
+        rows, width, keys = self.buckets(b, t, span, cache)
+        graph = self._graph(cache, rows, width, keys)
+        layout = self._layout(cache, slots, tokens, starts, rows, width)
+        graph.inputs.copy_(layout, non_blocking=graph.inputs.is_cuda)
+        out = graph()
+        return out[:b, : 1 if keep_last else t].clone()
+
+    def _layout(
+        self, cache: SlotCache, slots: list[int], tokens: list[list[int]], starts: list[int],
+        rows: int, width: int,
+    ) -> torch.Tensor:  # fmt: skip
+        """The step's (6, rows, width) input: token ids, position ids, write positions, last
+        key seen, slot, kept position; real rows padded with filler tokens, then filler
+        rows (see the module's docstring)."""
+        grid: list[list[int]] = [[], [], [], [], [], []]
+        for row, slot, st in zip(tokens, slots, starts, strict=True):
+            n = len(row)
+            pad = width - n
+            grid[0] += [*row, *[0] * pad]
+            grid[1] += [*range(st, st + n), *[st + n - 1] * pad]
+            grid[2] += range(st, st + width)
+            grid[3] += [*range(st, st + n), *[st - 1] * pad]
+            grid[4] += [slot] * width
+            grid[5] += [n - 1] * width
+        filler = rows - len(tokens)
+        if filler:
+            end = cache.capacity + cache.pad  # past the capacity: the slot's pad
+            grid[0] += [0] * (width * filler)
+            grid[1] += [0] * (width * filler)
+            grid[2] += [*range(end - width, end)] * filler
+            grid[3] += [0] * (width * filler)
+            grid[4] += [slots[0]] * (width * filler)
+            grid[5] += [0] * (width * filler)
+        return torch.tensor(grid).view(6, rows, width)
+
+    def _graph(self, cache: SlotCache, rows: int, width: int, span: int) -> _Graph:
+        graphs = self._graphs.setdefault(cache, {})
+        key = (rows, width, span)
+        g = graphs.get(key)
+        if g is None:
+            g = graphs[key] = self._record(cache, rows, width, span)
+        return g
+
+    def _record(self, cache: SlotCache, rows: int, width: int, span: int) -> _Graph:
+        import time
+
+        keys, values = cache.buffers()
+        device = keys[0].device
+        end = cache.capacity + cache.pad
+        # Filler rows only (slot 0, past its capacity): warming up and recording write
+        # nothing a real row reads.
+        inputs = torch.zeros((6, rows, width), dtype=torch.long, device=device)
+        inputs[2] = torch.arange(end - width, end, device=device)
+
+        def run() -> torch.Tensor:
+            return self._body(inputs, keys, values, span)
+
+        g = _Graph(inputs, run)
+        if not self.capture:
+            return g
+        t0 = time.perf_counter()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # the first calls: kernel choices, a compiled step's guards
+                run()
+        torch.cuda.current_stream(device).wait_stream(side)
+        g.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g.graph, pool=self._pool):
+            g.output = run()
+        self.captures += 1
+        self.capture_s += time.perf_counter() - t0
+        return g
+
+    def _body(
+        self, inputs: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+        span: int,
+    ) -> torch.Tensor:  # fmt: skip
+        """The recorded step: unpack the input, build the mask, run the step."""
+        ids, position_ids, positions, seen = inputs[0], inputs[1], inputs[2], inputs[3]
+        slots, keep = inputs[4, :, 0], inputs[5, :, 0]
+        return self.step(
+            ids, self._mask(seen, span), position_ids, slots, positions, keys, values, keep
+        )
+
+    def _mask(self, last_seen: torch.Tensor, span: int) -> torch.Tensor:
+        """(B, 1, T, span) additive, as batch/forward.py's: query j of row r sees keys
+        0..last_seen[r, j] (inside the sliding window); a query that sees no committed key
+        (last_seen < 0) sees key 0, so no row is NaN."""
+        seen = last_seen[:, None, :, None]
+        k = torch.arange(span, device=last_seen.device)
+        visible = k <= seen
+        if self.window is not None:
+            visible &= k > seen - self.window
+        visible |= (seen < 0) & (k == 0)
+        zero = torch.zeros((), dtype=self.dtype, device=last_seen.device)
+        low = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=zero.device)
+        return torch.where(visible, zero, low)
