@@ -30,6 +30,7 @@ tie.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ import torch
 
 if TYPE_CHECKING:
     from gateway.engine.batch.slots import SlotCache
+
+log = logging.getLogger("gateway.engine.graphs")
 
 # (ids, mask, position_ids, rows, positions, keys, values, keep) -> (B, T or 1, V or H)
 Step = Callable[..., torch.Tensor]
@@ -87,6 +90,7 @@ class GraphedSteps:
         self.capture = capture
         self.captures = 0  # graphs recorded so far (all caches)
         self.capture_s = 0.0  # seconds spent recording them
+        self.failed: str | None = None  # why recording failed: every step then runs eager
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._graphs: weakref.WeakKeyDictionary[SlotCache, dict[tuple[int, int, int], _Graph]]
         self._graphs = weakref.WeakKeyDictionary()
@@ -94,7 +98,11 @@ class GraphedSteps:
     def serves(self, rows: int, tokens: int, cache: SlotCache) -> bool:
         """Whether a step of this shape on this cache fits a bucket: rows up to max_rows,
         tokens up to max_tokens and within the cache's pad (where padded tokens land)."""
-        return rows <= self.max_rows and tokens <= min(self.max_tokens, cache.pad)
+        return (
+            self.failed is None
+            and rows <= self.max_rows
+            and tokens <= min(self.max_tokens, cache.pad)
+        )
 
     def buckets(self, rows: int, tokens: int, span: int, cache: SlotCache) -> tuple[int, int, int]:
         return (
@@ -106,13 +114,20 @@ class GraphedSteps:
     def __call__(
         self, cache: SlotCache, slots: list[int], tokens: list[list[int]], starts: list[int],
         span: int, keep_last: bool,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor | None:  # fmt: skip
         """(len(slots), T or 1, V or H): row r feeds tokens[r] from starts[r] into its slot;
         T is the longest feed. Only real rows come back; they are copies (the graph's
-        output is overwritten by its next replay)."""
+        output is overwritten by its next replay). None where recording the bucket's graph
+        failed: the caller runs the step eager, and so does every later step (logged)."""
         b, t = len(tokens), max(len(x) for x in tokens)
         rows, width, keys = self.buckets(b, t, span, cache)
-        graph = self._graph(cache, rows, width, keys)
+        try:
+            graph = self._graph(cache, rows, width, keys)
+        except Exception as exc:  # a step that cannot be captured here: eager from now on
+            self.failed = f"{type(exc).__name__}: {exc}"
+            log.warning("CUDA graphs off, every step runs eager: recording failed (%s)",
+                        self.failed)  # fmt: skip
+            return None
         layout = self._layout(cache, slots, tokens, starts, rows, width)
         graph.inputs.copy_(layout, non_blocking=graph.inputs.is_cuda)
         out = graph()

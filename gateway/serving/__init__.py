@@ -118,21 +118,20 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         prefill_chunk=settings.prefill_chunk,
     )
     worker.start()
-    compile_rows = None
     compile_mode = _compile_mode(settings.compile)
     if compile_mode != "off":
         os.environ.setdefault(
             "TORCHINDUCTOR_CACHE_DIR", str(Path(settings.var_dir) / "compile-cache")
         )
 
-        def compile_rows(context: int) -> int:
-            return batch_rows(settings.max_batch, settings.kv_budget_tokens, context)
+    def compile_rows(context: int) -> int:
+        return batch_rows(settings.max_batch, settings.kv_budget_tokens, context)
 
     pool = ModelPool.from_manifest(
         settings.models, settings.device, settings.dtype, worker.call,
         probe_rows=settings.max_batch if settings.measure_costs else 0,
         compile_rows=compile_rows, cpu_linear=_cpu_linear(settings.cpu_linear),
-        compile_measure=compile_mode == "auto",
+        compile_mode=compile_mode, graphs_mode=_graphs_mode(settings.cuda_graphs),
     )  # fmt: skip
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)
@@ -196,6 +195,11 @@ def make_limiter(settings: Settings) -> Limiter:
 def _compile_mode(value: str) -> str:
     """GATEWAY_COMPILE: off, on or auto (true/false: on/off)."""
     return _auto_on_off("GATEWAY_COMPILE", value, ("off", "on", "auto"))
+
+
+def _graphs_mode(value: str) -> str:
+    """GATEWAY_CUDA_GRAPHS: off, on or auto (true/false: on/off)."""
+    return _auto_on_off("GATEWAY_CUDA_GRAPHS", value, ("off", "on", "auto"))
 
 
 def _cpu_linear(value: str) -> bool | None:

@@ -45,22 +45,26 @@ class ModelPool:
         probe_rows: int = 0,
         compile_rows: Callable[[int], int] | None = None,
         cpu_linear: bool | None = None,
-        compile_measure: bool = False,
+        compile_mode: str = "off",
+        graphs_mode: str = "off",
     ) -> None:
         """probe_rows > 0: time each model's forwards for batches of up to that many rows
         when it loads (Engine.measure_costs), so the cost model starts from measurements.
-        compile_rows: compile the batch path's forwards (engine/compiled.py) for batches of
-        compile_rows(context length) rows; every draft of the manifest then loads and
-        compiles at start too, since compiling later would stall the inference thread.
-        compile_measure (GATEWAY_COMPILE=auto): serve compiled only the kinds of step where
-        compiling measured faster (engine/compiled.py, measure_kinds)."""
+        compile_mode (GATEWAY_COMPILE) on or auto: compile the batch path's forwards
+        (engine/compiled.py) for batches of compile_rows(context length) rows; graphs_mode
+        (GATEWAY_CUDA_GRAPHS) on or auto, for a model on CUDA: pad its steps to buckets
+        and replay them as captured graphs (engine/graphs.py). Either way every draft of
+        the manifest then loads at start too, since compiling later would stall the
+        inference thread. auto: serve fast only the kinds of step that measured faster
+        (engine/compiled.py, measure_kinds)."""
         self.manifest = manifest
         self.device = device
         self.dtype = dtype
         self._run = runner
         self.probe_rows = probe_rows
         self.compile_rows = compile_rows
-        self.compile_measure = compile_measure
+        self.compile_mode = compile_mode
+        self.graphs_mode = graphs_mode
         self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
         self._started = False
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
@@ -71,20 +75,21 @@ class ModelPool:
     def from_manifest(
         cls, path: str, device: str | None, dtype: str | None, runner: Runner,
         probe_rows: int = 0, compile_rows: Callable[[int], int] | None = None,
-        cpu_linear: bool | None = None, compile_measure: bool = False,
+        cpu_linear: bool | None = None, compile_mode: str = "off", graphs_mode: str = "off",
     ) -> ModelPool:  # fmt: skip
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
         manifest = load_manifest(path)
         return cls(
-            manifest, device, dtype, runner, probe_rows, compile_rows, cpu_linear, compile_measure
-        )
+            manifest, device, dtype, runner, probe_rows, compile_rows, cpu_linear, compile_mode,
+            graphs_mode,
+        )  # fmt: skip
 
     async def load_targets(self) -> None:
-        """Load every target (and, when compiling, every draft) before serving."""
+        """Load every target (and, when compiling or capturing, every draft) before serving."""
         for entry in self.manifest.targets():
-            await self.target(entry.name)
-            if self.compile_rows is not None:
+            _, engine = await self.target(entry.name)
+            if any(self._fast(engine.target)):
                 for version in self.draft_versions(entry.name):
                     await self.draft(entry.name, version)
         self._started = True
@@ -123,8 +128,14 @@ class ModelPool:
         self._probe(engine, None, entry)
         return engine
 
+    def _fast(self, model: LoadedModel) -> tuple[bool, bool]:
+        """(compile with inductor, capture CUDA graphs) for this model."""
+        graphs = self.graphs_mode != "off" and model.device.type == "cuda"
+        return self.compile_mode != "off" and self.compile_rows is not None, graphs
+
     def _compiled(self, model: LoadedModel, entry: ModelEntry, draft: bool) -> LoadedModel:
-        if self.compile_rows is None:
+        inductor, graphs = self._fast(model)
+        if not (inductor or graphs) or self.compile_rows is None:
             return model
         if self._started:
             log.warning(
@@ -134,21 +145,28 @@ class ModelPool:
             )  # fmt: skip
             return model
         rows = self.compile_rows(model.context_length)
+        measure = (inductor and self.compile_mode == "auto") or (
+            graphs and self.graphs_mode == "auto"
+        )
         try:
             fast, seconds = compiled_model(
-                model, rows, draft, progress=log.info, measure=self.compile_measure
-            )
+                model, rows, draft, progress=log.info, measure=measure, inductor=inductor,
+                graphs=graphs,
+            )  # fmt: skip
         except Exception as exc:  # an architecture or device inductor cannot compile
             log.warning(
                 "%s v%s runs eager: compiling its forwards failed (%s: %s)",
                 entry.name, entry.version, type(exc).__name__, exc,
             )  # fmt: skip
             return model
+        how = " and ".join(
+            w for w, on in (("compiled", inductor), ("captured as CUDA graphs", graphs)) if on
+        )
         if fast.compiled is None:
-            log.info("%s v%s runs eager: no kind of step measured faster compiled (%.1f s)",
-                     entry.name, entry.version, seconds)  # fmt: skip
+            log.info("%s v%s runs eager: no kind of step measured faster %s (%.1f s)",
+                     entry.name, entry.version, how, seconds)  # fmt: skip
         else:
-            log.info("%s v%s compiled for %d rows (%s) in %.1f s", entry.name, entry.version,
+            log.info("%s v%s %s for %d rows (%s) in %.1f s", entry.name, entry.version, how,
                      rows, ", ".join(sorted(fast.compiled.kinds)), seconds)  # fmt: skip
         return fast
 

@@ -54,7 +54,8 @@ def batched_forward(
         graphs = compiled.graphs
         if graphs is not None and graphs.serves(b, t, cache):  # padded to a bucket
             out = graphs(cache, slots, tokens, starts, span, keep_last)
-            return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
+            if out is not None:  # None: recording failed, the step runs eager below
+                return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
     window, dtype = model_facts(model)
     empty = any(st == 0 and n < t for st, n in zip(starts, lengths, strict=True))
     # Built as Python lists and turned into ONE tensor (B, T) x 4: a step's shaping used to

@@ -116,3 +116,24 @@ def test_captured_graphs_on_cuda_decode_what_eager_decodes(model_dirs, inductor)
             with torch.no_grad():
                 top2 = target.model(input_ids=ids).logits[0, -1].float().topk(2).values
             assert float(top2[0] - top2[1]) < 1e-4, f"outputs part at {j} without a near tie"
+
+
+def test_a_bucket_that_cannot_be_recorded_turns_graphs_off_and_runs_eager(
+    model_dirs, monkeypatch, caplog
+) -> None:
+    from gateway.engine.graphs import GraphedSteps
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
+    monkeypatch.setattr(GraphedSteps, "_record", broken)
+    engine = Engine(_graphed(target))
+    got = run_batch(engine, mixed_jobs(engine, _graphed(draft, draft=True)))
+    assert [r.token_ids for r in got] == [r.token_ids for r in eager]
+    graphs = engine.target.compiled.graphs  # type: ignore[union-attr]
+    assert graphs is not None and graphs.failed is not None
+    assert not graphs.serves(1, 1, engine.batch(2).cache)
+    assert "CUDA graphs off" in caplog.text

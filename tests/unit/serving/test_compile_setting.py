@@ -36,3 +36,12 @@ def test_boolean_settings_take_the_usual_spellings(raw: str, value: bool) -> Non
 def test_a_misspelt_boolean_is_refused_with_its_variable_named() -> None:
     with pytest.raises(ValueError, match="GATEWAY_CONSOLE must be true or false"):
         Settings.from_env({"GATEWAY_CONSOLE": "ture"})
+
+
+def test_cuda_graphs_are_auto_by_default_and_refuse_a_typo() -> None:
+    from gateway.serving import _graphs_mode
+
+    assert _graphs_mode(Settings.from_env({}).cuda_graphs) == "auto"
+    assert _graphs_mode(Settings.from_env({"GATEWAY_CUDA_GRAPHS": "false"}).cuda_graphs) == "off"
+    with pytest.raises(ValueError, match="GATEWAY_CUDA_GRAPHS must be off, on or auto"):
+        _graphs_mode(Settings.from_env({"GATEWAY_CUDA_GRAPHS": "graphs"}).cuda_graphs)
