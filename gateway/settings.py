@@ -77,14 +77,16 @@ class Settings:
     TORCHINDUCTOR_CACHE_DIR is set), and decoded 1.2-1.4x faster at 8 rows, 1.0-1.2x at 1
     row (README, "Compiled step"). Off by default because of that start-up time. A draft
     registered while the gateway runs stays eager. ``true``/``false`` mean on/off."""
-    cuda_graphs: str = "auto"
+    cuda_graphs: str = "off"
     """On a CUDA device: ``off``, ``on`` or ``auto``: pad the batch path's decode steps to
     buckets of rows x tokens x key span and replay them as captured CUDA graphs
     (gateway/engine/graphs.py; the families the lean decoder runs), each bucket recorded on
     its first step. ``auto`` times each kind of step captured and eager at start and keeps
     the kinds where replaying measured at least 3% faster. With ``GATEWAY_COMPILE`` on or
     auto the inductor-compiled step is what gets captured. A capture that fails turns the
-    model's graphs off, with a log line. Ignored on CPU. ``true``/``false`` mean on/off."""
+    model's graphs off, with a log line. Ignored on CPU. Off by default until the prepared
+    GPU check (benchmarks/cuda_check.sh) has run on a GPU: no GPU has run it yet.
+    ``true``/``false`` mean on/off."""
     torch_threads: int | None = None
     """CPU threads of the inference thread's torch kernels; default torch's own choice (the
     physical cores). The inference thread is the only one that runs torch."""

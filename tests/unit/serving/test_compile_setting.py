@@ -38,10 +38,11 @@ def test_a_misspelt_boolean_is_refused_with_its_variable_named() -> None:
         Settings.from_env({"GATEWAY_CONSOLE": "ture"})
 
 
-def test_cuda_graphs_are_auto_by_default_and_refuse_a_typo() -> None:
+def test_cuda_graphs_are_off_by_default_and_refuse_a_typo() -> None:
     from gateway.serving import _graphs_mode
 
-    assert _graphs_mode(Settings.from_env({}).cuda_graphs) == "auto"
+    assert _graphs_mode(Settings.from_env({}).cuda_graphs) == "off"
+    assert _graphs_mode(Settings.from_env({"GATEWAY_CUDA_GRAPHS": "auto"}).cuda_graphs) == "auto"
     assert _graphs_mode(Settings.from_env({"GATEWAY_CUDA_GRAPHS": "false"}).cuda_graphs) == "off"
     with pytest.raises(ValueError, match="GATEWAY_CUDA_GRAPHS must be off, on or auto"):
         _graphs_mode(Settings.from_env({"GATEWAY_CUDA_GRAPHS": "graphs"}).cuda_graphs)
