@@ -1,6 +1,7 @@
 """Eager vs compiled batch steps (gateway/engine/compiled.py) on the demo pair, in-process:
 standard and speculative (draft v2), 1 and 8 rows, greedy, held-out prompts; plus the
-warm-up time cold (an empty inductor cache) and from the cache (a restart).
+warm-up time cold (an empty inductor cache) and from the cache (a restart: the steps
+precompiled by the cold start, engine/compiled.py Precompiled, load without tracing).
 
     python -m benchmarks engine_compiled [--quick]
 
@@ -25,20 +26,32 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = """
-import json, sys, time
+import json, os, sys, time
+from pathlib import Path
 from benchmarks._pairs import load_pair
 from benchmarks.concurrency import _prompts
 from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, init_torch_thread
 from gateway.engine.compiled import compiled_model
 
+from gateway.engine import cpu_linear
 init_torch_thread()
 rounds, new_tokens, only_warmup = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-pair = load_pair()
+verdicts = json.loads(sys.argv[4])  # the cold start's linear forwards, kept by the restart
+pair = load_pair(cpu_linear=False if verdicts else None)
+def weight_major(lm):
+    return getattr(lm.model.lm_head.forward, "__func__", None) is cpu_linear.forward
+for name, lm in (("target", pair.target), ("draft_v2", pair.drafts["v2"])):
+    if verdicts.get(name):
+        cpu_linear.use_weight_major_linear(lm.model)
 t0 = time.perf_counter()
-fast_target, t_target = compiled_model(pair.target, 8, progress=lambda m: None)
-fast_draft, t_draft = compiled_model(pair.drafts["v2"], 8, draft=True, progress=lambda m: None)
+store = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "precompiled"  # as the gateway's
+fast_target, t_target = compiled_model(pair.target, 8, progress=lambda m: None, store=store)
+fast_draft, t_draft = compiled_model(pair.drafts["v2"], 8, draft=True, progress=lambda m: None,
+                                     store=store)
 out = {"warmup_s": {"target": round(t_target, 1), "draft_v2": round(t_draft, 1),
-                    "total": round(time.perf_counter() - t0, 1)}}
+                    "total": round(time.perf_counter() - t0, 1)},
+       "weight_major_linear": {"target": weight_major(pair.target),
+                               "draft_v2": weight_major(pair.drafts["v2"])}}
 if not only_warmup:
     eng = Engine(pair.target)
     fast = Engine(fast_target)
@@ -83,10 +96,15 @@ print(json.dumps(out))
 """
 
 
-def _child(cache: str, rounds: int, new_tokens: int, only_warmup: bool) -> dict[str, Any]:
+def _child(
+    cache: str, rounds: int, new_tokens: int, only_warmup: bool, linear: dict[str, bool]
+) -> dict[str, Any]:
+    """`linear`: which models take the weight-major linear forward ({}: measured at load),
+    so that a restart traces the same code its precompiled steps were built from."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+    args = [str(rounds), str(new_tokens), "1" if only_warmup else "0", json.dumps(linear)]
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(rounds), str(new_tokens), "1" if only_warmup else "0"],
+        [sys.executable, "-c", CHILD, *args],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
@@ -94,8 +112,8 @@ def _child(cache: str, rounds: int, new_tokens: int, only_warmup: bool) -> dict[
 
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as cache:
-        cold = _child(cache, 1 if quick else 3, 32 if quick else 64, only_warmup=False)
-        warm = _child(cache, 1, 1, only_warmup=True)
+        cold = _child(cache, 1 if quick else 3, 32 if quick else 64, False, {})
+        warm = _child(cache, 1, 1, True, cold["weight_major_linear"])
     return {
         "setup": {"rows_compiled_for": 8, "draft": "demo-code-draft@2", "greedy": True},
         "cold": cold,

@@ -73,9 +73,10 @@ class Settings:
     kind of step (one row x several tokens, several rows x one, several x several) compiled
     and eager on this device and serves compiled only the kinds where it measured at least
     3% faster (a model where none did runs eager; the log says which). On a 2-core CPU the
-    demo pair took 73 s cold and 17 s from inductor's cache (var/compile-cache unless
-    TORCHINDUCTOR_CACHE_DIR is set), and decoded 1.2-1.4x faster at 8 rows, 1.0-1.2x at 1
-    row (README, "Compiled step"). Off by default because of that start-up time. A draft
+    demo pair took 73-142 s cold; the compiled steps are saved (var/compile-cache unless
+    TORCHINDUCTOR_CACHE_DIR is set: inductor's cache and precompiled/) and a restart loads
+    them in about 4 s. It decoded 1.2-1.4x faster at 8 rows, 1.0-1.2x at 1 row (README,
+    "Compiled step"). Off by default because of the first start's time. A draft
     registered while the gateway runs stays eager. ``true``/``false`` mean on/off."""
     cuda_graphs: str = "off"
     """On a CUDA device: ``off``, ``on`` or ``auto``: pad the batch path's decode steps to

@@ -28,10 +28,13 @@ tests/unit/engine/test_compiled.py compares greedy outputs with eager ones, and
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -116,20 +119,120 @@ def _step(
     return lean.head(h, backbone)
 
 
+class Precompiled:
+    """The step compiled ahead of time, one artifact per kind of step
+    (`torch.compile(...).aot_compile`), saved in `store` and loaded from there by the next
+    start: a restart then skips dynamo's tracing, which is most of a cached warm-up.
+
+    A kind's artifact is built, or loaded, on the kind's first call (the warm-up's), traced
+    on that call's tensors with dynamic sizes; its file name holds a fingerprint of what it
+    was traced from (model config, dtype, device, linear forward, torch and transformers
+    versions, the traced source files), so a changed model or code compiles anew. A call
+    the artifact's guards refuse (a shape outside what it was traced for), a kind whose
+    ahead-of-time compile failed, or an artifact that fails to load: the jit-compiled step
+    serves it, as without a store (logged)."""
+
+    def __init__(
+        self, step: Callable[..., torch.Tensor], jit: Callable[..., torch.Tensor],
+        lean: LeanDecoder, store: Path, fingerprint: str,
+    ) -> None:  # fmt: skip
+        self.step, self.jit, self.lean = step, jit, lean
+        self.store, self.fingerprint = store, fingerprint
+        self.fns: dict[str, Any] = {}  # kind -> its AOTCompiledFunction (None: jit serves)
+        self.loaded: list[str] = []  # kinds loaded from the store (the others compiled)
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        name = kind(args[0].shape[0], args[0].shape[1])
+        if name not in self.fns:
+            self.fns[name] = self._build(name, args)
+        fn = self.fns[name]
+        if fn is not None and fn.guard_check(*args):
+            return fn(*args)  # type: ignore[no-any-return]
+        return self.jit(*args)
+
+    def _external(self) -> dict[str, Any]:
+        """The objects the step reaches that are not saved with it: the model's modules."""
+        lean = self.lean
+        out: dict[str, Any] = {"lean": lean, "layers": lean._layers, "extra": lean._extra}
+        out.update({f"module:{n}": m for n, m in lean.model.named_modules()})
+        return out
+
+    def _build(self, name: str, args: tuple[torch.Tensor, ...]) -> Any:
+        import torch.fx.experimental._config as fx_config
+
+        path = self.store / f"step-{self.fingerprint}-{name}.pt"
+        if path.exists():
+            try:
+                with path.open("rb") as f:
+                    fn: Any = torch.compiler.load_compiled_function(
+                        f, external_data=self._external()
+                    )
+                fn.disable_guard_check()  # __call__ checks them, falling back to jit
+                self.loaded.append(name)
+                return fn
+            except Exception as exc:  # another torch, a damaged file: compile anew
+                log.warning("precompiled step %s not loaded (%s): compiling it", path, exc)
+        try:
+            # No size equalities guessed from equal example sizes (duck sizing), and float
+            # attributes as constants (a restart analysis aot_compile cannot take).
+            with (
+                torch._dynamo.config.patch(specialize_float=True),
+                fx_config.patch(use_duck_shape=False),  # type: ignore[attr-defined]
+            ):
+                compiler = torch.compile(self.step, dynamic=True, fullgraph=True)
+                fn = compiler.aot_compile((args, {}))  # type: ignore[attr-defined]
+            self.store.mkdir(parents=True, exist_ok=True)
+            fn.save_compiled_function(str(path), external_data=self._external())
+        except Exception as exc:  # the API is experimental: the jit compile serves the kind
+            log.warning("step kind %s compiled just in time (ahead of time failed: %s: %s)",
+                        name, type(exc).__name__, exc)  # fmt: skip
+            return None
+        fn.disable_guard_check()
+        return fn
+
+
+def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
+    """What a precompiled step was traced from: a change in any of it compiles anew."""
+    import transformers
+
+    model = lean.model
+    weight = next(model.parameters())
+    linear = lean._layers[0].self_attn.q_proj.forward
+    sources = [
+        Path(sys.modules[m].__file__ or "").read_bytes()
+        for m in (__name__, "gateway.engine.batch.decoder", "gateway.engine.cpu_linear")
+    ]
+    parts = [
+        torch.__version__, transformers.__version__, model.config.to_json_string(),
+        str(weight.dtype), str(weight.device), getattr(linear, "__qualname__", repr(linear)),
+        str(keep_last), str(backbone),
+    ]  # fmt: skip
+    digest = hashlib.sha256("\n".join(parts).encode())
+    for src in sources:
+        digest.update(src)
+    return digest.hexdigest()[:20]
+
+
 def compile_forwards(
     lean: LeanDecoder, keep_last: bool, backbone: bool, inductor: bool = True,
-    graph_rows: int = 0,
+    graph_rows: int = 0, store: Path | None = None,
 ) -> CompiledForwards:  # fmt: skip
     """The step, compiled by inductor (lazily: nothing is traced until the first call,
-    `warm_up` makes it) unless `inductor` is False; with graph_rows > 0, padded to buckets
-    of up to that many rows and, on CUDA, replayed as captured graphs (graphs.py)."""
+    `warm_up` makes it) unless `inductor` is False; with a `store`, compiled ahead of time
+    per kind and kept there (`Precompiled`: a restart loads it without tracing); with
+    graph_rows > 0, padded to buckets of up to that many rows and, on CUDA, replayed as
+    captured graphs (graphs.py)."""
     from gateway.engine.batch.forward import model_facts
     from gateway.engine.graphs import GraphedSteps
 
     def step(*args: Any) -> torch.Tensor:
         return _step(lean, keep_last, backbone, *args)
 
-    fn = torch.compile(step, dynamic=True) if inductor else step
+    fn: Callable[..., torch.Tensor] = step
+    if inductor:
+        fn = torch.compile(step, dynamic=True)
+        if store is not None:
+            fn = Precompiled(step, fn, lean, store, _fingerprint(lean, keep_last, backbone))
     if graph_rows <= 0:
         return CompiledForwards(fn, keep_last, backbone)
     window, dtype = model_facts(lean.model)
@@ -141,14 +244,16 @@ def compile_forwards(
 def compiled_model(
     lm: LoadedModel, max_rows: int, draft: bool = False,
     progress: Callable[[str], None] = log.info, measure: bool = False,
-    inductor: bool = True, graphs: bool = False,
+    inductor: bool = True, graphs: bool = False, store: Path | None = None,
 ) -> tuple[LoadedModel, float]:  # fmt: skip
     """``lm`` with its compiled step (a draft's: drafting, with its reduced head's backbone
     if it has one; a target's: verify), every kind of step already compiled on a slot cache
     of the batch's own shapes (so serving compiles nothing more); and the seconds the
     warm-up took. `graphs`: the step is padded to buckets and, on CUDA, replayed as
     captured graphs (graphs.py; recorded per cache on first use of a bucket); `inductor`
-    False keeps the eager lean step inside them (nothing to compile). With `measure`
+    False keeps the eager lean step inside them (nothing to compile). With a `store` (a
+    folder), each kind is compiled ahead of time and saved there, or loaded from there when
+    an earlier start saved it (`Precompiled`). With `measure`
     (GATEWAY_COMPILE=auto), each kind is then timed compiled and eager and only the kinds
     where compiling measured faster are served compiled; where none is, ``lm`` comes back
     eager. Raises ValueError for a model without a lean decoder (its family was not
@@ -158,7 +263,7 @@ def compiled_model(
     backbone = draft and lm.draft_head is not None
     fast = compile_forwards(
         lm.decoder, keep_last=draft, backbone=backbone, inductor=inductor,
-        graph_rows=max(2, max_rows) if graphs else 0,
+        graph_rows=max(2, max_rows) if graphs else 0, store=store,
     )  # fmt: skip
     out = replace(lm, compiled=fast)
     t0 = time.perf_counter()

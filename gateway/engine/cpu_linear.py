@@ -107,7 +107,7 @@ def _measure(model: Any, linears: list[nn.Linear], kwarg: str) -> bool:
             for weight_major in (False, True):
                 for m in linears:
                     if weight_major:
-                        m.forward = types.MethodType(_forward, m)  # type: ignore[method-assign]
+                        m.forward = types.MethodType(forward, m)  # type: ignore[method-assign]
                     elif "forward" in m.__dict__:
                         del m.forward
                 t = step_time()
@@ -118,7 +118,10 @@ def _measure(model: Any, linears: list[nn.Linear], kwarg: str) -> bool:
     return statistics.median(timings[True]) <= MARGIN * statistics.median(timings[False])
 
 
-def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The weight-major nn.Linear forward, bound to each patched layer as its `forward`.
+    Named `forward`: a step compiled ahead of time (engine/compiled.py, Precompiled) saves
+    a bound method as its object and its function's name, and loads it back by that name."""
     return linear(x, self.weight, self.bias)
 
 
@@ -131,6 +134,6 @@ def use_weight_major_linear(model: Any) -> int:
             and module.weight.dtype == torch.float32
             and module.weight.device.type == "cpu"
         ):
-            module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
+            module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
             count += 1
     return count

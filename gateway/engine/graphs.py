@@ -97,11 +97,13 @@ class GraphedSteps:
 
     def serves(self, rows: int, tokens: int, cache: SlotCache) -> bool:
         """Whether a step of this shape on this cache fits a bucket: rows up to max_rows,
-        tokens up to max_tokens and within the cache's pad (where padded tokens land)."""
+        tokens up to max_tokens, padded to a width within the cache's pad (where a row's
+        padded tokens land when it is near its capacity)."""
         return (
             self.failed is None
             and rows <= self.max_rows
-            and tokens <= min(self.max_tokens, cache.pad)
+            and tokens <= self.max_tokens
+            and bucket(tokens, self.max_tokens) <= cache.pad
         )
 
     def buckets(self, rows: int, tokens: int, span: int, cache: SlotCache) -> tuple[int, int, int]:
@@ -204,9 +206,11 @@ class GraphedSteps:
         self, inputs: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
         span: int,
     ) -> torch.Tensor:  # fmt: skip
-        """The recorded step: unpack the input, build the mask, run the step."""
-        ids, position_ids, positions, seen = inputs[0], inputs[1], inputs[2], inputs[3]
-        slots, keep = inputs[4, :, 0], inputs[5, :, 0]
+        """The recorded step: unpack the input, build the mask, run the step. The parts are
+        copies, not views of the one input: a compiled step guards on how its inputs are
+        laid out, and views at each bucket's offsets would compile it again per bucket."""
+        ids, position_ids, positions, seen = (inputs[i].clone() for i in range(4))
+        slots, keep = inputs[4, :, 0].clone(), inputs[5, :, 0].clone()
         return self.step(
             ids, self._mask(seen, span), position_ids, slots, positions, keys, values, keep
         )

@@ -119,10 +119,12 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     )
     worker.start()
     compile_mode = _compile_mode(settings.compile)
+    compile_store = None
     if compile_mode != "off":
         os.environ.setdefault(
             "TORCHINDUCTOR_CACHE_DIR", str(Path(settings.var_dir) / "compile-cache")
         )
+        compile_store = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "precompiled"
 
     def compile_rows(context: int) -> int:
         return batch_rows(settings.max_batch, settings.kv_budget_tokens, context)
@@ -132,6 +134,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         probe_rows=settings.max_batch if settings.measure_costs else 0,
         compile_rows=compile_rows, cpu_linear=_cpu_linear(settings.cpu_linear),
         compile_mode=compile_mode, graphs_mode=_graphs_mode(settings.cuda_graphs),
+        compile_store=compile_store,
     )  # fmt: skip
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)

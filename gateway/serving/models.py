@@ -47,6 +47,7 @@ class ModelPool:
         cpu_linear: bool | None = None,
         compile_mode: str = "off",
         graphs_mode: str = "off",
+        compile_store: Path | None = None,
     ) -> None:
         """probe_rows > 0: time each model's forwards for batches of up to that many rows
         when it loads (Engine.measure_costs), so the cost model starts from measurements.
@@ -56,7 +57,8 @@ class ModelPool:
         and replay them as captured graphs (engine/graphs.py). Either way every draft of
         the manifest then loads at start too, since compiling later would stall the
         inference thread. auto: serve fast only the kinds of step that measured faster
-        (engine/compiled.py, measure_kinds)."""
+        (engine/compiled.py, measure_kinds). compile_store: where compiled steps are kept
+        for the next start (engine/compiled.py, Precompiled)."""
         self.manifest = manifest
         self.device = device
         self.dtype = dtype
@@ -65,6 +67,7 @@ class ModelPool:
         self.compile_rows = compile_rows
         self.compile_mode = compile_mode
         self.graphs_mode = graphs_mode
+        self.compile_store = compile_store
         self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
         self._started = False
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
@@ -76,13 +79,14 @@ class ModelPool:
         cls, path: str, device: str | None, dtype: str | None, runner: Runner,
         probe_rows: int = 0, compile_rows: Callable[[int], int] | None = None,
         cpu_linear: bool | None = None, compile_mode: str = "off", graphs_mode: str = "off",
+        compile_store: Path | None = None,
     ) -> ModelPool:  # fmt: skip
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
         manifest = load_manifest(path)
         return cls(
             manifest, device, dtype, runner, probe_rows, compile_rows, cpu_linear, compile_mode,
-            graphs_mode,
+            graphs_mode, compile_store,
         )  # fmt: skip
 
     async def load_targets(self) -> None:
@@ -151,7 +155,7 @@ class ModelPool:
         try:
             fast, seconds = compiled_model(
                 model, rows, draft, progress=log.info, measure=measure, inductor=inductor,
-                graphs=graphs,
+                graphs=graphs, store=self.compile_store,
             )  # fmt: skip
         except Exception as exc:  # an architecture or device inductor cannot compile
             log.warning(

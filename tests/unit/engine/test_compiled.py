@@ -82,3 +82,41 @@ def test_auto_keeps_the_kinds_it_measured_faster_and_decodes_what_eager_decodes(
     got = run_batch(engine, mixed_jobs(engine, draft))
     for a, b in zip(eager, got, strict=True):
         assert b.token_ids == a.token_ids
+
+
+@pytest.mark.parametrize("weight_major", [False, True])
+def test_a_precompiled_step_is_saved_then_loaded_without_tracing(
+    model_dirs, tmp_path, weight_major
+) -> None:
+    """With a store, the first start compiles each kind ahead of time and saves it; the
+    next start loads every kind from the store, traces nothing, and decodes what eager
+    decodes; with torch's linear forward and with the weight-major one (a bound method the
+    artifact refers to by name)."""
+    from gateway.engine.compiled import Precompiled
+
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=weight_major)
+    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
+
+    first, _ = compiled_model(target, 8, store=tmp_path)
+    assert first.compiled is not None and isinstance(first.compiled.step, Precompiled)
+    assert first.compiled.step.loaded == [] and len(list(tmp_path.glob("step-*.pt"))) == 3
+    assert all(fn is not None for fn in first.compiled.step.fns.values())  # none fell back
+    traced = counters["stats"]["unique_graphs"]
+    again, _ = compiled_model(target, 8, store=tmp_path)
+    assert again.compiled is not None and isinstance(again.compiled.step, Precompiled)
+    assert sorted(again.compiled.step.loaded) == ["1xN", "Bx1", "BxN"]
+    assert counters["stats"]["unique_graphs"] == traced  # nothing traced on the restart
+    engine = Engine(again)
+    got = run_batch(engine, mixed_jobs(engine, draft))
+    assert [r.token_ids for r in got] == [r.token_ids for r in eager]
+    assert counters["stats"]["unique_graphs"] == traced  # served by the loaded kinds
+
+
+def test_another_model_config_does_not_load_a_precompiled_step(model_dirs, tmp_path) -> None:
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    compiled_model(target, 4, store=tmp_path)
+    other, _ = compiled_model(draft, 4, store=tmp_path)
+    assert other.compiled is not None and other.compiled.step.loaded == []  # type: ignore[union-attr]
+    assert len(list(tmp_path.glob("step-*.pt"))) == 6

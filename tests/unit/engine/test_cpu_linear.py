@@ -12,7 +12,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from gateway.engine import cpu_linear, load_model
-from gateway.engine.cpu_linear import ROWS_MAX, _forward, use_weight_major_linear
+from gateway.engine.cpu_linear import ROWS_MAX, forward, use_weight_major_linear
 from gateway.engine.draft_head import DRAFT_VOCAB_FILE, head_logits
 from gateway.engine.engine import MAX_K
 from gateway.engine.models import cache_kwarg
@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 
 
 def patched(layer: nn.Module) -> bool:
-    return getattr(layer.forward, "__func__", None) is _forward
+    return getattr(layer.forward, "__func__", None) is forward
 
 
 @pytest.mark.parametrize("bias", [True, False])

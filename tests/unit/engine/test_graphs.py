@@ -137,3 +137,14 @@ def test_a_bucket_that_cannot_be_recorded_turns_graphs_off_and_runs_eager(
     assert graphs is not None and graphs.failed is not None
     assert not graphs.serves(1, 1, engine.batch(2).cache)
     assert "CUDA graphs off" in caplog.text
+
+
+def test_a_step_whose_padded_width_would_pass_the_slot_pad_is_not_bucketed() -> None:
+    from gateway.engine.graphs import GraphedSteps
+
+    graphs = GraphedSteps(lambda *a: None, 8, 16, None, torch.float32, capture=False)  # type: ignore[arg-type, return-value]
+    cache = SlotCache(1, 8, 64, pad=6)
+    assert graphs.serves(8, 4, cache)  # 4 tokens: width 4, inside the pad of 6
+    assert not graphs.serves(8, 5, cache)  # 5 tokens pad to 8: past the pad
+    assert not graphs.serves(9, 1, cache)  # more rows than the graphs were built for
+    assert not graphs.serves(1, 17, cache)  # a prefill chunk: eager
