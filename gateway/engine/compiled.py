@@ -181,12 +181,16 @@ class Precompiled:
             ):
                 compiler = torch.compile(self.step, dynamic=True, fullgraph=True)
                 fn = compiler.aot_compile((args, {}))  # type: ignore[attr-defined]
-            self.store.mkdir(parents=True, exist_ok=True)
-            fn.save_compiled_function(str(path), external_data=self._external())
         except Exception as exc:  # the API is experimental: the jit compile serves the kind
             log.warning("step kind %s compiled just in time (ahead of time failed: %s: %s)",
                         name, type(exc).__name__, exc)  # fmt: skip
             return None
+        try:
+            self.store.mkdir(parents=True, exist_ok=True)
+            fn.save_compiled_function(str(path), external_data=self._external())
+        except Exception as exc:  # serves this start all the same; the next compiles again
+            log.warning("precompiled step kind %s not saved to %s (%s: %s)",
+                        name, self.store, type(exc).__name__, exc)  # fmt: skip
         fn.disable_guard_check()
         return fn
 
@@ -269,6 +273,19 @@ def compiled_model(
     t0 = time.perf_counter()
     if inductor:
         warm_up(out, max_rows, progress)
+        step = fast.step if fast.graphs is None else fast.graphs.step
+        if isinstance(step, Precompiled):
+
+            def named(kinds: list[str]) -> str:
+                return ", ".join(sorted(kinds)) or "none"
+
+            built = [k for k, f in step.fns.items() if f is not None and k not in step.loaded]
+            jit = [k for k, f in step.fns.items() if f is None]
+            progress(
+                f"{lm.path}: step kinds loaded precompiled: {named(step.loaded)}; compiled "
+                f"ahead of time: {named(built)}; just in time: {named(jit)} "
+                f"({step.store})"
+            )
     if measure:
         ratios = measure_kinds(out, max_rows)
         kinds = faster_kinds(ratios)

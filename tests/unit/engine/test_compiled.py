@@ -120,3 +120,18 @@ def test_another_model_config_does_not_load_a_precompiled_step(model_dirs, tmp_p
     other, _ = compiled_model(draft, 4, store=tmp_path)
     assert other.compiled is not None and other.compiled.step.loaded == []  # type: ignore[union-attr]
     assert len(list(tmp_path.glob("step-*.pt"))) == 6
+
+
+def test_a_store_that_cannot_be_written_still_serves_the_compiled_step(
+    model_dirs, tmp_path
+) -> None:
+    """The steps compiled ahead of time serve this start even where saving them fails (the
+    next start compiles again); the log says which kinds were loaded, built, or jit."""
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    said: list[str] = []
+    fast, _ = compiled_model(target, 4, store=blocked / "store", progress=said.append)
+    step = fast.compiled.step  # type: ignore[union-attr]
+    assert all(fn is not None for fn in step.fns.values()) and len(step.fns) == 3
+    assert "loaded precompiled: none; compiled ahead of time: 1xN, Bx1, BxN" in said[-1]
