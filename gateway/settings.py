@@ -70,7 +70,7 @@ class Settings:
     (inductor) at start (gateway/engine/compiled.py; Llama, Mistral and Qwen2 families, the
     ones the lean decoder runs; others stay eager with a log line). Every manifest model
     then loads and compiles before the gateway says it is ready. ``auto`` then times each
-    kind of step (one row x several tokens, several rows x one, several x several) compiled
+    kind of step (one row x one token or several, several rows x one or several) compiled
     and eager on this device and serves compiled only the kinds where it measured at least
     3% faster (a model where none did runs eager; the log says which). On a 2-core CPU the
     demo pair took 73-142 s cold; the compiled steps are saved (var/compile-cache unless

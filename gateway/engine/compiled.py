@@ -14,11 +14,13 @@ a reduced head), up to MAX_TOKENS tokens a row. Prefill chunks run the eager lea
 they are long matrix products, where overhead is small.
 
 Shapes: dynamic, so a handful of graphs cover every step: torch specialises sizes of 1,
-so the kinds are one row x several tokens, several rows x one, several x several. One row
-x one token runs the eager lean decoder: it was faster there (a view of the row's cache,
-no mask, against a gather and a mask; `python -m benchmarks engine_compiled`). `warm_up`
-compiles them at start, before the gateway says it is ready; inductor's on-disk cache
-(TORCHINDUCTOR_CACHE_DIR) makes a restart quicker.
+so the kinds are one row x one token, one row x several tokens, several rows x one,
+several x several. Whether the one-row one-token kind pays depends on the CPU (eager reads
+the row's cache as a view with no mask, the compiled step gathers and masks): 1.26x
+standard tokens/s on an AVX-512 EPYC, 0.92x on an AVX2 one (`python -m benchmarks
+engine_compiled`); GATEWAY_COMPILE=auto measures each kind and keeps the faster. `warm_up`
+compiles them at start, before the gateway says it is ready; with a store (`Precompiled`)
+a restart loads them instead of tracing them again.
 
 Exactness: fused kernels compute the same math in another order, so logits may differ from
 eager in the last bits and a greedy choice may part at a near tie;
@@ -48,8 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.engine.compiled")
 
 MAX_TOKENS = 16  # tokens a row feeds in a compiled step; longer feeds (prefill) run eager
-KINDS = frozenset({"1xN", "Bx1", "BxN"})
-GRAPH_KINDS = KINDS | {"1x1"}  # captured graphs serve one row x one token too
+KINDS = frozenset({"1x1", "1xN", "Bx1", "BxN"})
 FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share of eager's
 
 
@@ -69,10 +70,8 @@ class CompiledForwards:
     """On CUDA: the step padded to buckets and replayed as captured graphs (graphs.py)."""
 
     def serves(self, rows: int, tokens: int, keep_last: bool, backbone: bool) -> bool:
-        """Whether this step runs compiled: a step of the kind it was built for, up to
-        MAX_TOKENS tokens a row, and of a kind it serves (on the CPU not one row x one
-        token: eager is faster there, it reads the row's cache as a view and needs no mask;
-        measured in engine_compiled; captured CUDA graphs serve that kind too)."""
+        """Whether this step runs compiled: a step of the use it was built for, up to
+        MAX_TOKENS tokens a row, and of a kind it serves (`kinds`)."""
         return (
             tokens <= MAX_TOKENS
             and (keep_last, backbone) == (self.keep_last, self.backbone)
@@ -242,7 +241,7 @@ def compile_forwards(
     window, dtype = model_facts(lean.model)
     device = next(lean.model.parameters()).device
     graphs = GraphedSteps(fn, graph_rows, MAX_TOKENS, window, dtype, device.type == "cuda")
-    return CompiledForwards(fn, keep_last, backbone, GRAPH_KINDS, graphs)
+    return CompiledForwards(fn, keep_last, backbone, KINDS, graphs)
 
 
 def compiled_model(
@@ -353,7 +352,7 @@ def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = lo
     fast = lm.compiled
     assert fast is not None
     model, kwarg = lm.model, cache_kwarg(lm.model)
-    kinds = [(1, 3), (2, 1), (2, 3)] + ([(1, 1)] if "1x1" in fast.kinds else [])
+    kinds = [(1, 3), (2, 1), (2, 3), (1, 1)]
     t0 = time.perf_counter()
     fill = [[1, 2, 3], [1, 2, 3, 4]]  # rows of different lengths, as in a real batch
     with torch.inference_mode():

@@ -40,10 +40,11 @@ def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(model_dirs, arch)
 
     for a, b in zip(eager, got, strict=True):
         assert b.token_ids == a.token_ids
-    # the warm-up compiled a handful of graphs (one row x several tokens, several rows x
-    # one, several x several; for the target's verify and the draft's drafting step), and
+    # the warm-up compiled a handful of graphs (one row x one token, one row x several
+    # tokens, several rows x one, several x several; for the target's verify and the
+    # draft's drafting step), and
     # the batch, whatever its lengths and row counts, compiled nothing more
-    assert 0 < warm - graphs <= 6
+    assert 0 < warm - graphs <= 8
     assert counters["stats"]["unique_graphs"] == warm
 
 
@@ -53,7 +54,7 @@ def test_a_step_runs_compiled_only_for_the_kinds_kept() -> None:
     assert fast.serves(4, 1, keep_last=False, backbone=False)
     assert not fast.serves(4, 3, keep_last=False, backbone=False)  # BxN not kept
     assert not fast.serves(1, 3, keep_last=False, backbone=False)  # 1xN not kept
-    assert not fast.serves(1, 1, keep_last=False, backbone=False)  # never: eager is faster
+    assert not fast.serves(1, 1, keep_last=False, backbone=False)  # 1x1 not kept
     assert not fast.serves(4, 1, keep_last=True, backbone=False)  # built for another use
     assert faster_kinds({"1xN": 1.01, "Bx1": 0.8, "BxN": FASTER}) == {"Bx1", "BxN"}
 
@@ -68,9 +69,9 @@ def test_auto_keeps_the_kinds_it_measured_faster_and_decodes_what_eager_decodes(
     said: list[str] = []
     fast, _ = compiled_model(target, 4, progress=said.append, measure=True)
     ratios = dict(
-        (k, float(r)) for k, r in re.findall(r"(1xN|Bx1|BxN) ([0-9.]+)", said[-1])
+        (k, float(r)) for k, r in re.findall(r"(1x1|1xN|Bx1|BxN) ([0-9.]+)", said[-1])
     )  # the log line gives compiled/eager per kind: all three were measured
-    assert set(ratios) == {"1xN", "Bx1", "BxN"} and all(r > 0 for r in ratios.values())
+    assert set(ratios) == {"1x1", "1xN", "Bx1", "BxN"} and all(r > 0 for r in ratios.values())
     kept = fast.compiled.kinds if fast.compiled is not None else frozenset()
     assert kept == faster_kinds(ratios)
     # whatever this machine kept, a batch with only some kinds compiled (here: every
@@ -100,12 +101,12 @@ def test_a_precompiled_step_is_saved_then_loaded_without_tracing(
 
     first, _ = compiled_model(target, 8, store=tmp_path)
     assert first.compiled is not None and isinstance(first.compiled.step, Precompiled)
-    assert first.compiled.step.loaded == [] and len(list(tmp_path.glob("step-*.pt"))) == 3
+    assert first.compiled.step.loaded == [] and len(list(tmp_path.glob("step-*.pt"))) == 4
     assert all(fn is not None for fn in first.compiled.step.fns.values())  # none fell back
     traced = counters["stats"]["unique_graphs"]
     again, _ = compiled_model(target, 8, store=tmp_path)
     assert again.compiled is not None and isinstance(again.compiled.step, Precompiled)
-    assert sorted(again.compiled.step.loaded) == ["1xN", "Bx1", "BxN"]
+    assert sorted(again.compiled.step.loaded) == ["1x1", "1xN", "Bx1", "BxN"]
     assert counters["stats"]["unique_graphs"] == traced  # nothing traced on the restart
     engine = Engine(again)
     got = run_batch(engine, mixed_jobs(engine, draft))
@@ -119,7 +120,7 @@ def test_another_model_config_does_not_load_a_precompiled_step(model_dirs, tmp_p
     compiled_model(target, 4, store=tmp_path)
     other, _ = compiled_model(draft, 4, store=tmp_path)
     assert other.compiled is not None and other.compiled.step.loaded == []  # type: ignore[union-attr]
-    assert len(list(tmp_path.glob("step-*.pt"))) == 6
+    assert len(list(tmp_path.glob("step-*.pt"))) == 8
 
 
 def test_a_store_that_cannot_be_written_still_serves_the_compiled_step(
@@ -133,5 +134,5 @@ def test_a_store_that_cannot_be_written_still_serves_the_compiled_step(
     said: list[str] = []
     fast, _ = compiled_model(target, 4, store=blocked / "store", progress=said.append)
     step = fast.compiled.step  # type: ignore[union-attr]
-    assert all(fn is not None for fn in step.fns.values()) and len(step.fns) == 3
-    assert "loaded precompiled: none; compiled ahead of time: 1xN, Bx1, BxN" in said[-1]
+    assert all(fn is not None for fn in step.fns.values()) and len(step.fns) == 4
+    assert "loaded precompiled: none; compiled ahead of time: 1x1, 1xN, Bx1, BxN" in said[-1]

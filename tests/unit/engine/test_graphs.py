@@ -14,7 +14,7 @@ import torch
 from gateway.engine import Engine, LoadedModel, load_model
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.batch.slots import SlotCache
-from gateway.engine.compiled import GRAPH_KINDS, compiled_model
+from gateway.engine.compiled import KINDS, compiled_model
 from gateway.engine.graphs import MIN_SPAN, bucket
 from gateway.engine.models import cache_kwarg
 
@@ -34,7 +34,7 @@ def test_buckets_are_powers_of_two_up_to_the_limit() -> None:
 def _graphed(lm: LoadedModel, draft: bool = False) -> LoadedModel:
     fast, _ = compiled_model(lm, 8, draft=draft, inductor=False, graphs=True)
     assert fast.compiled is not None and fast.compiled.graphs is not None
-    assert fast.compiled.kinds == GRAPH_KINDS  # one row x one token too
+    assert fast.compiled.kinds == KINDS  # one row x one token too
     return fast
 
 
