@@ -142,11 +142,21 @@ class Precompiled:
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
         name = kind(args[0].shape[0], args[0].shape[1])
-        if name not in self.fns:
+        first = name not in self.fns
+        if first:
             self.fns[name] = self._build(name, args)
         fn = self.fns[name]
         if fn is not None and fn.guard_check(*args):
-            return fn(*args)  # type: ignore[no-any-return]
+            if not first:
+                return fn(*args)  # type: ignore[no-any-return]
+            try:  # the first call: kernels an artifact brings may fail on this host
+                return fn(*args)  # type: ignore[no-any-return]
+            except Exception as exc:
+                log.warning("step kind %s compiled just in time (its first call failed: "
+                            "%s: %s)", name, type(exc).__name__, exc)  # fmt: skip
+                self.fns[name] = None
+                if name in self.loaded:
+                    self.loaded.remove(name)
         return self.jit(*args)
 
     def _external(self) -> dict[str, Any]:
@@ -195,20 +205,37 @@ class Precompiled:
 
 
 def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
-    """What a precompiled step was traced from: a change in any of it compiles anew."""
+    """What a precompiled step was traced and generated from: a change in any of it compiles
+    anew. An artifact keeps no guard on functions or modules, and inductor's generated code
+    fixes the thread count and vector width, so all of these are in: the model's config
+    and attention implementation, dtype, device, the linear, attention and rotary
+    functions, torch and transformers versions, the traced source files, threads, cores,
+    CPU capability and machine, the default dtype, inductor's config and TORCHINDUCTOR_*."""
+    import os
+    import platform
+
     import transformers
 
     model = lean.model
     weight = next(model.parameters())
-    linear = lean._layers[0].self_attn.q_proj.forward
+
+    def named(fn: Any) -> str:
+        return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
     sources = [
         Path(sys.modules[m].__file__ or "").read_bytes()
         for m in (__name__, "gateway.engine.batch.decoder", "gateway.engine.cpu_linear")
     ]
+    inductor = torch._inductor.config.save_config_portable()  # type: ignore[attr-defined]
     parts = [
         torch.__version__, transformers.__version__, model.config.to_json_string(),
-        str(weight.dtype), str(weight.device), getattr(linear, "__qualname__", repr(linear)),
-        str(keep_last), str(backbone),
+        str(getattr(model.config, "_attn_implementation", None)), str(weight.dtype),
+        str(weight.device), named(lean._layers[0].self_attn.q_proj.forward),
+        named(lean._attention), named(lean._rotary), str(keep_last), str(backbone),
+        str(torch.get_num_threads()), str(os.cpu_count()),
+        torch.backends.cpu.get_cpu_capability(), platform.machine(),
+        str(torch.get_default_dtype()), repr(sorted(inductor.items(), key=lambda kv: kv[0])),
+        repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_"))),
     ]  # fmt: skip
     digest = hashlib.sha256("\n".join(parts).encode())
     for src in sources:
@@ -240,7 +267,7 @@ def compile_forwards(
         return CompiledForwards(fn, keep_last, backbone)
     window, dtype = model_facts(lean.model)
     device = next(lean.model.parameters()).device
-    graphs = GraphedSteps(fn, graph_rows, MAX_TOKENS, window, dtype, device.type == "cuda")
+    graphs = GraphedSteps(fn, graph_rows, MAX_TOKENS, window, dtype, device)
     return CompiledForwards(fn, keep_last, backbone, KINDS, graphs)
 
 

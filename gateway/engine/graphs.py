@@ -76,22 +76,27 @@ class GraphedSteps:
     """A model's step, padded to buckets and (on CUDA) captured once per bucket and cache.
 
     `step`: the compiled or eager step function (engine/compiled.py `_step` form);
-    `capture`: record CUDA graphs (False runs the bucketed step eagerly: the CPU tests)."""
+    `device`: the model's; on CUDA the graphs are recorded (and every CUDA call made) on
+    it, elsewhere the bucketed step runs eagerly (the CPU tests)."""
 
     def __init__(
         self, step: Step, max_rows: int, max_tokens: int, window: int | None,
-        dtype: torch.dtype, capture: bool,
+        dtype: torch.dtype, device: torch.device,
     ) -> None:  # fmt: skip
         self.step = step
         self.max_rows = max_rows
         self.max_tokens = max_tokens
         self.window = window
         self.dtype = dtype
-        self.capture = capture
+        self.device = device
+        self.capture = device.type == "cuda"
         self.captures = 0  # graphs recorded so far (all caches)
         self.capture_s = 0.0  # seconds spent recording them
         self.failed: str | None = None  # why recording failed: every step then runs eager
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._pool = None
+        if self.capture:
+            with torch.cuda.device(device):
+                self._pool = torch.cuda.graph_pool_handle()
         self._graphs: weakref.WeakKeyDictionary[SlotCache, dict[tuple[int, int, int], _Graph]]
         self._graphs = weakref.WeakKeyDictionary()
 
@@ -131,9 +136,12 @@ class GraphedSteps:
                         self.failed)  # fmt: skip
             return None
         layout = self._layout(cache, slots, tokens, starts, rows, width)
-        graph.inputs.copy_(layout, non_blocking=graph.inputs.is_cuda)
-        out = graph()
-        return out[:b, : 1 if keep_last else t].clone()
+        if not self.capture:
+            graph.inputs.copy_(layout)
+            return graph()[:b, : 1 if keep_last else t].clone()
+        with torch.cuda.device(self.device):
+            graph.inputs.copy_(layout)
+            return graph()[:b, : 1 if keep_last else t].clone()
 
     def _layout(
         self, cache: SlotCache, slots: list[int], tokens: list[list[int]], starts: list[int],
@@ -189,15 +197,23 @@ class GraphedSteps:
         if not self.capture:
             return g
         t0 = time.perf_counter()
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # the first calls: kernel choices, a compiled step's guards
-                run()
-        torch.cuda.current_stream(device).wait_stream(side)
-        g.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g.graph, pool=self._pool):
-            g.output = run()
+        with torch.cuda.device(self.device):
+            current = torch.cuda.current_stream()
+            side = torch.cuda.Stream()
+            side.wait_stream(current)
+            try:
+                with torch.cuda.stream(side):
+                    for _ in range(2):  # the first calls: kernel choices, compiled guards
+                        run()
+            finally:
+                current.wait_stream(side)
+            g.graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(g.graph, pool=self._pool):
+                    g.output = run()
+            except BaseException:  # a failed capture may leave its stream current
+                torch.cuda.set_stream(current)
+                raise
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
         return g
