@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gateway.engine.batch.forward import row_layout, visible
+
 if TYPE_CHECKING:
     from gateway.engine.batch.slots import SlotCache
 
@@ -147,19 +149,13 @@ class GraphedSteps:
         self, cache: SlotCache, slots: list[int], tokens: list[list[int]], starts: list[int],
         rows: int, width: int,
     ) -> torch.Tensor:  # fmt: skip
-        """The step's (6, rows, width) input: token ids, position ids, write positions, last
-        key seen, slot, kept position; real rows padded with filler tokens, then filler
-        rows (see the module's docstring)."""
-        grid: list[list[int]] = [[], [], [], [], [], []]
-        for row, slot, st in zip(tokens, slots, starts, strict=True):
-            n = len(row)
-            pad = width - n
-            grid[0] += [*row, *[0] * pad]
-            grid[1] += [*range(st, st + n), *[st + n - 1] * pad]
-            grid[2] += range(st, st + width)
-            grid[3] += [*range(st, st + n), *[st - 1] * pad]
+        """The step's (6, rows, width) input: batch/forward.py's `row_layout` (token ids,
+        position ids, write positions, last key seen) plus slot and kept position; real
+        rows padded with filler tokens, then filler rows (see the module's docstring)."""
+        grid = [*row_layout(tokens, starts, width), [], []]
+        for row, slot in zip(tokens, slots, strict=True):
             grid[4] += [slot] * width
-            grid[5] += [n - 1] * width
+            grid[5] += [len(row) - 1] * width
         filler = rows - len(tokens)
         if filler:
             end = cache.capacity + cache.pad  # past the capacity: the slot's pad
@@ -232,15 +228,9 @@ class GraphedSteps:
         )
 
     def _mask(self, last_seen: torch.Tensor, span: int) -> torch.Tensor:
-        """(B, 1, T, span) additive, as batch/forward.py's: query j of row r sees keys
-        0..last_seen[r, j] (inside the sliding window); a query that sees no committed key
-        (last_seen < 0) sees key 0, so no row is NaN."""
-        seen = last_seen[:, None, :, None]
-        k = torch.arange(span, device=last_seen.device)
-        visible = k <= seen
-        if self.window is not None:
-            visible &= k > seen - self.window
-        visible |= (seen < 0) & (k == 0)
+        """(B, 1, T, span) additive, batch/forward.py's `visible` built on the device (a
+        graph keeps no CPU tensor): a query that sees no committed key sees key 0."""
+        keys = torch.arange(span, device=last_seen.device)
         zero = torch.zeros((), dtype=self.dtype, device=last_seen.device)
         low = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=zero.device)
-        return torch.where(visible, zero, low)
+        return torch.where(visible(last_seen, keys, self.window, empty=True), zero, low)

@@ -50,29 +50,17 @@ def batched_forward(
     if max(starts) + t > cache.capacity + cache.pad:
         raise ValueError("a padded row would write past its slot's padding")
     span = max(st + n for st, n in zip(starts, lengths, strict=True))
-    if compiled is not None and compiled.serves(b, t, keep_last, backbone) and cache.allocated:
-        graphs = compiled.graphs
-        if graphs is not None and graphs.serves(b, t, cache):  # padded to a bucket
-            out = graphs(cache, slots, tokens, starts, span, keep_last)
-            if out is not None:  # None: recording failed, the step runs eager below
-                return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
+    fast = compiled is not None and compiled.serves(b, t, keep_last, backbone) and cache.allocated
+    graphs = compiled.graphs if fast and compiled is not None else None
+    if graphs is not None and graphs.serves(b, t, cache):  # padded to a bucket
+        out = graphs(cache, slots, tokens, starts, span, keep_last)
+        if out is not None:  # None: recording failed, the step runs eager below
+            return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
     window, dtype = model_facts(model)
     empty = any(st == 0 and n < t for st, n in zip(starts, lengths, strict=True))
-    # Built as Python lists and turned into ONE tensor (B, T) x 4: a step's shaping used to
-    # be a dozen small torch ops, ~0.1 ms a forward. Per row: token ids right-padded with 0;
-    # position ids (a padded token's is its row's last real one: learned position tables
-    # end at the context length, and a padded output is dropped anyway); write positions
-    # (length onward); the last key each query sees (a padded query: the committed ones).
-    grid: list[list[int]] = [[], [], [], []]
-    for row, st, n in zip(tokens, starts, lengths, strict=True):
-        pad = t - n
-        grid[0] += [*row, *[0] * pad]
-        grid[1] += [*range(st, st + n), *[st + n - 1] * pad]
-        grid[2] += range(st, st + t)
-        grid[3] += [*range(st, st + n), *[st - 1] * pad]
-    packed = torch.tensor(grid).view(4, b, t)
+    packed = torch.tensor(row_layout(tokens, starts, t)).view(4, b, t)
     ids, position_ids, positions, last_seen = packed[0], packed[1], packed[2], packed[3]
-    if compiled is not None and compiled.serves(b, t, keep_last, backbone) and cache.allocated:
+    if fast and compiled is not None:
         # Tensors of their own, not views of `packed`: a compiled graph guards on how its
         # inputs are laid out, and views of one base compiled a graph per layout.
         out = compiled(
@@ -123,21 +111,46 @@ def batched_forward(
     return [logits[r, : len(x)] for r, x in enumerate(tokens)]
 
 
+def row_layout(tokens: list[list[int]], starts: list[int], width: int) -> list[list[int]]:
+    """A step's inputs as four flat lists of len(tokens) x width, row by row: token ids
+    right-padded with 0; position ids (a padded token's is its row's last real one: learned
+    position tables end at the context length, and a padded output is dropped anyway);
+    write positions (length onward); the last key each query sees (a padded query: the
+    committed ones). Built as Python lists and turned into ONE tensor: a step's shaping
+    used to be a dozen small torch ops, ~0.1 ms a forward."""
+    grid: list[list[int]] = [[], [], [], []]
+    for row, st in zip(tokens, starts, strict=True):
+        n = len(row)
+        pad = width - n
+        grid[0] += [*row, *[0] * pad]
+        grid[1] += [*range(st, st + n), *[st + n - 1] * pad]
+        grid[2] += range(st, st + width)
+        grid[3] += [*range(st, st + n), *[st - 1] * pad]
+    return grid
+
+
+def visible(
+    last_seen: torch.Tensor, keys: torch.Tensor, window: int | None, empty: bool
+) -> torch.Tensor:
+    """(B, 1, T, S) bool: query j of row r sees keys 0..last_seen[r, j] of its own slot
+    (inside the sliding window); `keys` is arange(S). `empty`: a query that sees no
+    committed key (last_seen < 0, a padded query of an empty row) sees key 0: no NaN."""
+    seen = last_seen[:, None, :, None]  # (B, 1, T, 1)
+    sees = keys <= seen  # (B, 1, T, S)
+    if window is not None:
+        sees &= keys > seen - window
+    if empty:
+        sees |= (seen < 0) & (keys == 0)
+    return sees
+
+
 def _mask(
     last_seen: torch.Tensor, span: int, window: int | None, dtype: torch.dtype, empty: bool
 ) -> torch.Tensor:
-    """(B, 1, T, S) additive: query j of row r sees keys 0..last_seen[r, j] of its own slot
-    (inside the sliding window); 0 where it sees, the dtype's minimum where it does not.
-    `empty`: some row has no committed key (its padded queries see key 0: no NaN)."""
-    seen = last_seen[:, None, :, None]  # (B, 1, T, 1)
-    keys = _keys(span)  # (S,)
-    visible = keys <= seen  # (B, 1, T, S)
-    if window is not None:
-        visible &= keys > seen - window
-    if empty:
-        visible |= (seen < 0) & (keys == 0)
+    """(B, 1, T, S) additive (`visible`): 0 where a query sees, the dtype's minimum where
+    it does not."""
     zero, low = _fill(dtype)
-    return torch.where(visible, zero, low)
+    return torch.where(visible(last_seen, _keys(span), window, empty), zero, low)
 
 
 _KEYS = torch.arange(0)
