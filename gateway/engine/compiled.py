@@ -333,7 +333,8 @@ def faster_kinds(ratios: dict[str, float]) -> frozenset[str]:
 def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str, float]:
     """Compiled/eager time (median of `repeats`) of each kind of step this model's compiled
     step serves, on a scratch cache of the batch's shapes with 128 cached tokens a row:
-    one row x 3 tokens, all rows x 1, all rows x 3 (and one row x 1 where graphs serve it)."""
+    one row x 1 token, one row x 3 tokens, and with two rows or more all rows x 1 and all
+    rows x 3."""
     from gateway.engine.batch.costs import sync
     from gateway.engine.batch.forward import batched_forward
     from gateway.engine.models import cache_kwarg
@@ -341,11 +342,11 @@ def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str,
     fast = lm.compiled
     assert fast is not None
     model, kwarg = lm.model, cache_kwarg(lm.model)
-    rows = max(2, max_rows)
+    rows = max_rows
     context = max(1, min(128, lm.context_length - 2 * MAX_TOKENS))
     fill = [[1 + (3 * r + j) % (lm.vocab_size - 1) for j in range(context)] for r in range(rows)]
     shapes = {"1x1": (1, 1), "1xN": (1, 3), "Bx1": (rows, 1), "BxN": (rows, 3)}
-    shapes = {name: shape for name, shape in shapes.items() if name in fast.kinds}
+    shapes = {n: (b, t) for n, (b, t) in shapes.items() if n in fast.kinds and kind(b, t) == n}
     ratios: dict[str, float] = {}
     with torch.inference_mode():
         cache, slots = _scratch(lm, rows, fill)
@@ -370,8 +371,9 @@ def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str,
 
 
 def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = log.info) -> float:
-    """Trace and compile every kind of step (one row x several tokens, several rows x one,
-    several x several) on a scratch cache shaped like a batch's; returns the seconds
+    """Trace and compile every kind of step a batch of `max_rows` rows runs (one row x one
+    token, one row x several tokens, and with two rows or more several rows x one and
+    several x several) on a scratch cache shaped like the batch's; returns the seconds
     spent."""
     from gateway.engine.batch.forward import batched_forward
     from gateway.engine.models import cache_kwarg
@@ -379,9 +381,9 @@ def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = lo
     fast = lm.compiled
     assert fast is not None
     model, kwarg = lm.model, cache_kwarg(lm.model)
-    kinds = [(1, 3), (2, 1), (2, 3), (1, 1)]
+    kinds = [(b, t) for b, t in ((1, 3), (2, 1), (2, 3), (1, 1)) if b <= max_rows]
     t0 = time.perf_counter()
-    fill = [[1, 2, 3], [1, 2, 3, 4]]  # rows of different lengths, as in a real batch
+    fill = [[1, 2, 3], [1, 2, 3, 4]][:max_rows]  # rows of different lengths, as in a batch
     with torch.inference_mode():
         cache, slots = _scratch(lm, max_rows, fill)
         for i, (rows, t) in enumerate(kinds, 1):
@@ -400,8 +402,9 @@ def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = lo
 
 
 def _scratch(lm: LoadedModel, max_rows: int, fill: list[list[int]]) -> tuple[SlotCache, list[int]]:
-    """A slot cache shaped like a batch's (max(2, max_rows) rows of the model's context,
-    the batch's padding, so the compiled graphs see the buffers serving will pass), one slot
+    """A slot cache shaped like a batch's (max_rows rows of the model's context, the
+    batch's padding, so the compiled graphs see the buffers serving will pass: a one-slot
+    buffer is a size torch specialises, so a batch of one row is warmed on one), one slot
     per row of `fill` holding that row's tokens (prefilled eager, uncommitted: callers set
     the lengths they want)."""
     from gateway.engine.batch.forward import batched_forward
@@ -409,7 +412,7 @@ def _scratch(lm: LoadedModel, max_rows: int, fill: list[list[int]]) -> tuple[Slo
     from gateway.engine.models import cache_kwarg
 
     layers = int(lm.model.config.num_hidden_layers)
-    cache = SlotCache(layers, max(2, max_rows), lm.context_length, pad=slot_pad())
+    cache = SlotCache(layers, max_rows, lm.context_length, pad=slot_pad())
     slots = [cache.take() for _ in fill]
     batched_forward(lm.model, cache_kwarg(lm.model), cache, slots, fill, lm.device,
                     keep_last=True, decoder=lm.decoder)  # fmt: skip

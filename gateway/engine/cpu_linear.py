@@ -23,9 +23,14 @@ both forms, once per process and model shape, and patches only where it is faste
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import platform
 import statistics
 import time
 import types
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +53,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
         y += b
     return y.view(*x.shape[:-1], w.shape[0])  # (..., out)
 
+
+log = logging.getLogger("gateway.engine.cpu_linear")
 
 PROBE_TOKENS = (1, 5)  # a decode step and a verify step of k = 4
 PROBE_REPS = 7
@@ -76,8 +83,59 @@ def weight_major_pays(model: Any, cache_kwarg: str) -> bool:
         tuple(sorted({tuple(m.weight.shape) for m in linears})),
     )
     if key not in _verdicts:
-        _verdicts[key] = _measure(model, linears, cache_kwarg)
+        kept = _kept_verdicts()
+        name = _kept_name(key)
+        if name in kept:
+            _verdicts[key] = kept[name]
+        else:
+            _verdicts[key] = _measure(model, linears, cache_kwarg)
+            _keep_verdict(name, _verdicts[key])
     return _verdicts[key]
+
+
+_verdict_file: Path | None = None
+
+
+def keep_verdicts(path: Path | None) -> None:
+    """Keep each verdict of `weight_major_pays` in `path` (JSON) and read it back on the next
+    start instead of measuring again: with a noisy machine the two forwards can measure
+    within the margin of each other, and a verdict that flipped between starts would change
+    the rounding of every output and the fingerprint of every precompiled step (a restart
+    that compiles anew). A verdict is kept per model shape, torch version, CPU capability,
+    machine and thread count; deleting the file measures again. None: keep nothing."""
+    global _verdict_file
+    _verdict_file = path
+
+
+def _kept_name(key: tuple[Any, ...]) -> str:
+    return repr(
+        (*key, torch.__version__, torch.backends.cpu.get_cpu_capability(), platform.machine(),
+         os.cpu_count(), torch.get_num_threads())
+    )  # fmt: skip
+
+
+def _kept_verdicts() -> dict[str, bool]:
+    if _verdict_file is None or not _verdict_file.exists():
+        return {}
+    try:
+        data = json.loads(_verdict_file.read_text())
+        return {str(k): bool(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError) as exc:  # unreadable or damaged: measure again
+        log.warning("linear forward verdicts in %s not read (%s): measuring", _verdict_file, exc)
+        return {}
+
+
+def _keep_verdict(name: str, verdict: bool) -> None:
+    if _verdict_file is None:
+        return
+    try:
+        kept = {**_kept_verdicts(), name: verdict}
+        _verdict_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _verdict_file.with_name(f"{_verdict_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(kept, indent=1, sort_keys=True))
+        tmp.replace(_verdict_file)
+    except OSError as exc:  # serves all the same; the next start measures again
+        log.warning("linear forward verdict not kept in %s (%s)", _verdict_file, exc)
 
 
 def _fp32_cpu(w: torch.Tensor) -> bool:

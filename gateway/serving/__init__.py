@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gateway.database import AuditWriter, Database
-from gateway.engine import init_torch_thread
+from gateway.engine import init_torch_thread, keep_verdicts
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.decisions import PolicyService
@@ -119,6 +119,8 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     )
     worker.start()
     compile_mode = _compile_mode(settings.compile)
+    if settings.cpu_linear.strip().lower() == "auto":  # measured once, then kept
+        keep_verdicts(Path(settings.var_dir) / "linear-verdicts.json")
     compile_store = None
     if compile_mode != "off":
         os.environ.setdefault(

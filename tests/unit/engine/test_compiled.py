@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from gateway.engine import Engine, load_model
+from gateway.engine import DecodeResult, Engine, LoadedModel, load_model
 from gateway.engine.compiled import FASTER, CompiledForwards, compiled_model, faster_kinds
 
-from .test_batch import mixed_jobs, run_batch
+from .test_batch import drive, mixed_jobs, run_batch
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch, "compile"), reason="torch.compile is not available"
@@ -136,3 +136,28 @@ def test_a_store_that_cannot_be_written_still_serves_the_compiled_step(
     step = fast.compiled.step  # type: ignore[union-attr]
     assert all(fn is not None for fn in step.fns.values()) and len(step.fns) == 4
     assert "loaded precompiled: none; compiled ahead of time: 1x1, 1xN, Bx1, BxN" in said[-1]
+
+
+def test_a_one_row_batch_is_served_by_the_steps_its_start_compiled(model_dirs, tmp_path) -> None:
+    """GATEWAY_MAX_BATCH=1: the warm-up compiles the one-row kinds on a one-slot cache, as
+    the batch's is (a one-slot buffer is a size torch specialises), so serving traces
+    nothing and the precompiled steps' guards accept every step."""
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+
+    def one_by_one(engine: Engine, draft: LoadedModel) -> list[DecodeResult]:
+        batch = engine.batch(1)
+        return [drive(batch, engine, [replace(j, join_at=0)])[0] for j in mixed_jobs(engine, draft)]
+
+    eager = one_by_one(Engine(target), draft)
+
+    fast_target, _ = compiled_model(target, 1, store=tmp_path)
+    fast_draft, _ = compiled_model(draft, 1, draft=True, store=tmp_path)
+    steps = [fast_target.compiled.step, fast_draft.compiled.step]  # type: ignore[union-attr]
+    assert all(sorted(s.fns) == ["1x1", "1xN"] for s in steps)  # no multi-row kind
+    traced = counters["stats"]["unique_graphs"]
+    engine = Engine(fast_target)
+    got = one_by_one(engine, fast_draft)
+    assert [r.token_ids for r in got] == [r.token_ids for r in eager]
+    assert counters["stats"]["unique_graphs"] == traced  # no just-in-time compile
+    assert all(f is not None for s in steps for f in s.fns.values())

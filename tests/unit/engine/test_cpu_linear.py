@@ -155,3 +155,37 @@ def test_reduced_draft_head_follows_cpu_linear(model_dirs, tmp_path, monkeypatch
         monkeypatch.undo()
     torch.testing.assert_close(rows[0], rows[1], rtol=1e-5, atol=1e-5)
     assert torch.isfinite(rows[0]).sum() == 6
+
+
+def test_a_kept_verdict_is_read_back_instead_of_measured_again(
+    model_dirs, tmp_path, monkeypatch
+) -> None:
+    """With keep_verdicts (the gateway's GATEWAY_CPU_LINEAR=auto), a start measures once
+    and keeps the verdict; the next start (a fresh process: no verdict in memory) reads it
+    back and does not measure, even where a new timing would now say the other; a damaged
+    file is measured again."""
+    path = tmp_path / "var" / "linear-verdicts.json"
+    says = {"pays": True}
+    measured: list[bool] = []
+
+    def measure(*_a):
+        measured.append(says["pays"])
+        return says["pays"]
+
+    monkeypatch.setattr(cpu_linear, "_measure", measure)
+    monkeypatch.setattr(cpu_linear, "_verdict_file", None)
+    monkeypatch.setattr(cpu_linear, "_verdicts", {})
+    cpu_linear.keep_verdicts(path)
+    model = load_model(model_dirs["llama"], device="cpu", cpu_linear=False).model
+    kwarg = cache_kwarg(model)
+    assert cpu_linear.weight_major_pays(model, kwarg) is True and measured == [True]
+    assert list(json.loads(path.read_text()).values()) == [True]
+
+    monkeypatch.setattr(cpu_linear, "_verdicts", {})  # the next start
+    says["pays"] = False
+    assert cpu_linear.weight_major_pays(model, kwarg) is True and measured == [True]
+
+    path.write_text("{not json")
+    monkeypatch.setattr(cpu_linear, "_verdicts", {})
+    assert cpu_linear.weight_major_pays(model, kwarg) is False and measured == [True, False]
+    assert list(json.loads(path.read_text()).values()) == [False]  # kept anew
