@@ -111,6 +111,7 @@ def test_the_measurement_compares_both_forms_on_the_models_shapes(model_dirs, mo
         return wrapped
 
     monkeypatch.setattr(cpu_linear, "_verdicts", {})
+    monkeypatch.setattr(cpu_linear, "_verdict_file", None)  # a gateway test may have set one
     monkeypatch.setattr(cpu_linear, "linear", count("ours", real_linear))
     monkeypatch.setattr(cpu_linear.F, "linear", count("torch", real_f))
     off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
