@@ -47,10 +47,15 @@ class Settings:
     """Rows of one target's continuous batch: requests that share every target forward.
     Each row reserves a KV slot of the target's full context length (see README)."""
     prefill_chunk: int = 128
-    """Prompt tokens one batch step prefills at most (rows x longest chunk): a long prompt
-    enters the batch over several steps, so the rows already decoding wait one chunk per
-    step, not a whole prompt. Smaller: steadier inter-token latency for the others, a
-    longer time to first token for the arrival. At least 1."""
+    """Prompt tokens one batch step prefills at most for one row: a long prompt enters the
+    batch over several steps, so the rows already decoding wait one chunk per step, not a
+    whole prompt. Smaller: steadier inter-token latency for the others, a longer time to
+    first token for the arrival. At least 1."""
+    prefill_budget: int = 512
+    """Prompt tokens one batch step prefills at most for all rows together (rows x longest
+    chunk, padding included; at least prefill_chunk): arrivals that come together prefill
+    in one forward, whose matrix products cost less per token than one row's. At least
+    1."""
     kv_budget_tokens: int | None = None
     """KV cache budget of one target's batch, in tokens: its rows are capped at
     budget // context length (each row's slot holds a full context), at least 1; default

@@ -13,7 +13,7 @@ import torch
 
 from gateway.engine.batch.costs import ForwardCosts, probe
 from gateway.engine.batch.scheduler import Batch
-from gateway.engine.batch.slots import PREFILL_CHUNK
+from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
 from gateway.engine.errors import EmptyPrompt, InvalidRequest, PromptTooLong
 from gateway.engine.kpolicy import KPolicy, static_c
 from gateway.engine.loop import LoopConfig, decode
@@ -80,10 +80,13 @@ class Engine:
         """Validate (errors raise here) and wire a request for `Batch.add`."""
         return self._prepare(req, draft)
 
-    def batch(self, max_rows: int, prefill_chunk: int = PREFILL_CHUNK) -> Batch:
+    def batch(
+        self, max_rows: int, prefill_chunk: int = PREFILL_CHUNK,
+        prefill_budget: int = PREFILL_BUDGET,
+    ) -> Batch:  # fmt: skip
         """A continuous batch of up to `max_rows` requests on this engine's target, each
         step prefilling at most `prefill_chunk` prompt tokens."""
-        return Batch(self._target, max_rows, prefill_chunk, costs=self.costs)
+        return Batch(self._target, max_rows, prefill_chunk, self.costs, prefill_budget)
 
     def measure_costs(self, max_rows: int, draft: LoadedModel | None = None) -> ForwardCosts:
         """Time the target's (or a draft's) forwards for batches of up to `max_rows` rows

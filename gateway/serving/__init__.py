@@ -116,6 +116,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         max_batch=settings.max_batch,
         kv_budget_tokens=settings.kv_budget_tokens,
         prefill_chunk=settings.prefill_chunk,
+        prefill_budget=settings.prefill_budget,
     )
     worker.start()
     compile_mode = _compile_mode(settings.compile)

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from gateway.engine import DecodeRequest, Engine, Finished, LoadedModel
 from gateway.engine.batch.scheduler import Batch, Event
-from gateway.engine.batch.slots import PREFILL_CHUNK
+from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
 
 T = TypeVar("T")
 _DONE = object()
@@ -136,11 +136,15 @@ class InferenceWorker:
         max_batch: int = 8,
         kv_budget_tokens: int | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
+        prefill_budget: int = PREFILL_BUDGET,
     ) -> None:
         """``on_start`` runs first on the thread (set torch's thread count there)."""
         if prefill_chunk < 1:
             raise ValueError(f"GATEWAY_PREFILL_CHUNK must be at least 1, got {prefill_chunk}")
+        if prefill_budget < 1:
+            raise ValueError(f"GATEWAY_PREFILL_BUDGET must be at least 1, got {prefill_budget}")
         self.prefill_chunk = prefill_chunk
+        self.prefill_budget = prefill_budget
         self.capacity = capacity
         self.max_active = max_active
         self.max_batch = max_batch
@@ -231,7 +235,9 @@ class InferenceWorker:
             self._on_start()
         waiting: collections.deque[Job] = collections.deque()
         active: list[tuple[Job, Iterator[Any]]] = []
-        batches = _Batches(self.max_batch, self.kv_budget_tokens, self.prefill_chunk)
+        batches = _Batches(
+            self.max_batch, self.kv_budget_tokens, self.prefill_chunk, self.prefill_budget
+        )
         stopping = False
         while True:
             # 1. Take what arrived: calls run now, jobs join the waiting line. Block only
@@ -323,11 +329,12 @@ class _Batches:
 
     def __init__(
         self, max_rows: int, kv_budget_tokens: int | None = None,
-        prefill_chunk: int = PREFILL_CHUNK,
+        prefill_chunk: int = PREFILL_CHUNK, prefill_budget: int = PREFILL_BUDGET,
     ) -> None:  # fmt: skip
         self.max_rows = max_rows
         self.kv_budget_tokens = kv_budget_tokens
         self.prefill_chunk = prefill_chunk
+        self.prefill_budget = prefill_budget
         self._batches: dict[int, Batch] = {}  # id(engine) -> engine.batch(max_rows)
         self._jobs: dict[int, Job] = {}  # id(row) -> its job
 
@@ -345,7 +352,8 @@ class _Batches:
         batch = self._batches.get(id(d.engine))
         if batch is None:
             rows = batch_rows(self.max_rows, self.kv_budget_tokens, d.engine.context_length)
-            batch = self._batches[id(d.engine)] = d.engine.batch(rows, self.prefill_chunk)
+            batch = d.engine.batch(rows, self.prefill_chunk, self.prefill_budget)
+            self._batches[id(d.engine)] = batch
         row = batch.add(d.engine.prepare(d.request, d.draft), job.cancelled.is_set)
         self._jobs[id(row)] = job
 

@@ -5,10 +5,10 @@ on) a slot of the SlotCache; `Batch.step` advances every row by one step and ret
 row's events; a finished or cancelled row leaves its slot at once, and a new one can join
 before the next step. One step:
 
-1. Prefill: the oldest rows still prefilling feed their next chunks of prompt in one
-   forward of their own, at most `prefill_chunk` tokens in all (rows x longest chunk), so
-   a long arrival delays the others by one chunk per step, not by its whole prompt, and
-   short arrivals prefill together.
+1. Prefill: the oldest rows still prefilling feed their next chunks of prompt (at most
+   `prefill_chunk` tokens a row) in one forward of their own, at most `prefill_budget`
+   tokens in all (rows x longest chunk), so a long arrival delays the others by one chunk
+   per step, not by its whole prompt, and arrivals that come together prefill together.
 2-4. Every decoding row plans its step exactly as alone (room and k: loop.plan_k; the
    proposal; grammar masks: loop.plan_masks): standard rows feed 1 token, speculative rows
    1 + n. Rows drafting with the same draft model draft together (batch/drafting.py: one
@@ -38,7 +38,7 @@ from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.drafting import DraftBatch
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.batch.kchoice import choose_batch_k, explore_offset
-from gateway.engine.batch.slots import PREFILL_CHUNK, SlotCache, slot_pad
+from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK, SlotCache, slot_pad
 from gateway.engine.loop import (
     NO_PROPOSAL,
     LoopConfig,
@@ -89,12 +89,14 @@ class Batch:
         max_rows: int,
         prefill_chunk: int = PREFILL_CHUNK,
         costs: dict[int, ForwardCosts] | None = None,
+        prefill_budget: int = PREFILL_BUDGET,
     ):
         if max_rows < 1:
             raise ValueError(f"a batch needs at least one row, got {max_rows}")
         self.target = target
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
+        self.prefill_budget = max(prefill_chunk, prefill_budget)
         layers = int(target.model.config.num_hidden_layers)
         if prefill_chunk < 1:
             raise ValueError(f"a prefill chunk is at least one token, got {prefill_chunk}")
@@ -196,8 +198,10 @@ class Batch:
     # -- the steps ------------------------------------------------------------------------
 
     def _prefill(self) -> None:
-        """1. The oldest prefilling rows feed their next chunks in one forward, within a
-        budget of `prefill_chunk` tokens (rows x longest chunk, padding included)."""
+        """1. The oldest prefilling rows feed their next chunks (at most `prefill_chunk`
+        tokens a row) in one forward, within a budget of `prefill_budget` tokens (rows x
+        longest chunk, padding included): arrivals that come together prefill together,
+        where the matrix products are more efficient per token."""
         waiting = [r for r in self.rows if r.prefilling and not r.finished]
         if not waiting:
             return
@@ -207,7 +211,7 @@ class Batch:
             left = len(row.cfg.prompt_ids) - 1 - row.prefilled
             if not group:
                 width = min(left, self.prefill_chunk)
-            elif (len(group) + 1) * width > self.prefill_chunk:
+            elif (len(group) + 1) * width > self.prefill_budget:
                 break
             take = min(left, width)
             group.append((row, row.ctx[row.prefilled : row.prefilled + take]))

@@ -25,7 +25,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from gateway.limits import MAX_K
 
 Buffers = tuple[list[torch.Tensor], list[torch.Tensor]]  # every layer's keys, values
-PREFILL_CHUNK = 128  # prompt tokens a batch step prefills at most (scheduler.py)
+PREFILL_CHUNK = 128  # prompt tokens a batch step prefills at most per row (scheduler.py)
+PREFILL_BUDGET = 512  # prompt tokens a step's prefill forward feeds at most, all rows together
 
 
 def slot_pad(prefill_chunk: int = PREFILL_CHUNK) -> int:

@@ -188,6 +188,22 @@ def test_a_long_prompt_is_prefilled_in_chunks(llama_lm) -> None:
         engine.batch(2, prefill_chunk=0)
 
 
+@pytest.mark.parametrize(("budget", "prefilled"), [(64, 4), (32, 2), (16, 1)])
+def test_arrivals_prefill_together_within_the_budget(llama_lm, budget, prefilled) -> None:
+    """Rows arriving together feed their chunks in one prefill forward, as many as fit the
+    budget (GATEWAY_PREFILL_BUDGET: rows x chunk), and decode what they decode alone."""
+    engine = Engine(llama_lm)
+    prompts = [tuple((i * 7 + r) % 200 + 3 for i in range(17)) for r in range(4)]  # 16 + 1
+    batch = engine.batch(4, prefill_chunk=16, prefill_budget=budget)
+    rows = [batch.add(engine.prepare(DecodeRequest(p, greedy(5)))) for p in prompts]
+    batch.step()
+    assert [r.prefilling for r in rows] == [False] * prefilled + [True] * (4 - prefilled)
+    jobs = [Job(0, DecodeRequest(p, greedy(5))) for p in prompts]
+    got = drive(engine.batch(4, prefill_chunk=16, prefill_budget=budget), engine, jobs)
+    for p, r in zip(prompts, got, strict=True):
+        assert r.token_ids == engine.run(DecodeRequest(p, greedy(5))).token_ids
+
+
 def test_the_shared_forward_matches_single_forwards(target) -> None:
     """Rows of different lengths, one of them feeding fewer tokens, in one forward."""
     model, kwarg = target.model, cache_kwarg(target.model)

@@ -242,3 +242,29 @@ async def test_the_prefill_chunk_setting_reaches_the_batch(tmp_path: Path, monke
     assert events[-1].result.token_ids == engine.run(req).token_ids
     with pytest.raises(ValueError, match="GATEWAY_PREFILL_CHUNK"):
         InferenceWorker(capacity=1, max_active=1, prefill_chunk=0)
+
+
+async def test_the_prefill_budget_setting_reaches_the_batch(tmp_path: Path, monkeypatch) -> None:
+    """GATEWAY_PREFILL_BUDGET: the worker's batch prefills arrivals together within it (at
+    least the chunk); 0 is refused."""
+    from gateway.engine import DecodeRequest, Finished, SamplingParams
+
+    engine = spied_engine(tmp_path, monkeypatch, lambda *a: None)
+    made: list[object] = []
+    real_batch = engine.batch
+
+    def batch(*args, **kw):  # type: ignore[no-untyped-def]
+        made.append(real_batch(*args, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(engine, "batch", batch)
+    req = DecodeRequest(tuple(range(5, 16)), SamplingParams(temperature=0.0, max_tokens=3))
+    worker = started(max_active=8, max_batch=2, prefill_chunk=3, prefill_budget=6)
+    try:
+        events = [e async for e in worker.events(worker.submit_decode(engine, req))]
+    finally:
+        worker.stop()
+    assert isinstance(events[-1], Finished)
+    assert [(b.prefill_chunk, b.prefill_budget) for b in made] == [(3, 6)]  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="GATEWAY_PREFILL_BUDGET"):
+        InferenceWorker(capacity=1, max_active=1, prefill_budget=0)
