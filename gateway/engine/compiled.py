@@ -209,12 +209,14 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
     anew. An artifact keeps no guard on functions or modules, and inductor's generated code
     fixes the thread count and vector width, so all of these are in: the model's config
     and attention implementation, dtype, device, the linear, attention and rotary
-    functions, torch and transformers versions, the traced source files, threads, cores,
-    CPU capability and machine, the default dtype, inductor's config and TORCHINDUCTOR_*."""
+    functions, torch and transformers versions, the traced source files, the machine
+    (cpu_linear.machine_identity: CPU model, capability, cores, threads), the default
+    dtype, inductor's config and TORCHINDUCTOR_*."""
     import os
-    import platform
 
     import transformers
+
+    from gateway.engine.cpu_linear import machine_identity
 
     model = lean.model
     weight = next(model.parameters())
@@ -232,9 +234,8 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
         str(getattr(model.config, "_attn_implementation", None)), str(weight.dtype),
         str(weight.device), named(lean._layers[0].self_attn.q_proj.forward),
         named(lean._attention), named(lean._rotary), str(keep_last), str(backbone),
-        str(torch.get_num_threads()), str(os.cpu_count()),
-        torch.backends.cpu.get_cpu_capability(), platform.machine(),
-        str(torch.get_default_dtype()), repr(sorted(inductor.items(), key=lambda kv: kv[0])),
+        *machine_identity(), str(torch.get_default_dtype()),
+        repr(sorted(inductor.items(), key=lambda kv: kv[0])),
         repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_"))),
     ]  # fmt: skip
     digest = hashlib.sha256("\n".join(parts).encode())

@@ -23,11 +23,13 @@ both forms, once per process and model shape, and patches only where it is faste
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import platform
 import statistics
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -108,10 +110,29 @@ def keep_verdicts(path: Path | None) -> None:
 
 
 def _kept_name(key: tuple[Any, ...]) -> str:
-    return repr(
-        (*key, torch.__version__, torch.backends.cpu.get_cpu_capability(), platform.machine(),
-         os.cpu_count(), torch.get_num_threads())
+    return repr((*key, torch.__version__, *machine_identity()))
+
+
+def machine_identity() -> tuple[str, ...]:
+    """What identifies this machine's speed for a kept verdict or a precompiled step
+    (engine/compiled.py): CPU model, torch's CPU capability (its vector width), machine
+    type, cores and torch's threads."""
+    return (
+        _cpu_model(), torch.backends.cpu.get_cpu_capability(), platform.machine(),
+        str(os.cpu_count()), str(torch.get_num_threads()),
     )  # fmt: skip
+
+
+@functools.cache
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def _kept_verdicts() -> dict[str, bool]:
@@ -131,9 +152,12 @@ def _keep_verdict(name: str, verdict: bool) -> None:
     try:
         kept = {**_kept_verdicts(), name: verdict}
         _verdict_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _verdict_file.with_name(f"{_verdict_file.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(kept, indent=1, sort_keys=True))
-        tmp.replace(_verdict_file)
+        fd, tmp = tempfile.mkstemp(prefix=f".{_verdict_file.name}.", dir=_verdict_file.parent)
+        with os.fdopen(fd, "w") as f:  # a file of its own, whole on disk before it replaces
+            f.write(json.dumps(kept, indent=1, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, _verdict_file)
     except OSError as exc:  # serves all the same; the next start measures again
         log.warning("linear forward verdict not kept in %s (%s)", _verdict_file, exc)
 

@@ -85,7 +85,8 @@ class Engine:
         prefill_budget: int = PREFILL_BUDGET,
     ) -> Batch:  # fmt: skip
         """A continuous batch of up to `max_rows` requests on this engine's target, each
-        step prefilling at most `prefill_chunk` prompt tokens."""
+        step prefilling at most `prefill_chunk` prompt tokens a row and `prefill_budget`
+        in all (batch/scheduler.py)."""
         return Batch(self._target, max_rows, prefill_chunk, self.costs, prefill_budget)
 
     def measure_costs(self, max_rows: int, draft: LoadedModel | None = None) -> ForwardCosts:

@@ -120,8 +120,8 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     )
     worker.start()
     compile_mode = _compile_mode(settings.compile)
-    if settings.cpu_linear.strip().lower() == "auto":  # measured once, then kept
-        keep_verdicts(Path(settings.var_dir) / "linear-verdicts.json")
+    auto_linear = _cpu_linear(settings.cpu_linear) is None  # timed once, then kept
+    keep_verdicts(Path(settings.var_dir) / "linear-verdicts.json" if auto_linear else None)
     compile_store = None
     if compile_mode != "off":
         os.environ.setdefault(

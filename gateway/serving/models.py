@@ -128,7 +128,7 @@ class ModelPool:
         model = load_model(
             str(entry.path), self.device, self.dtype, draft_vocab=False, cpu_linear=self.cpu_linear
         )
-        engine = Engine(self._compiled(model, entry, draft=False))
+        engine = Engine(self._compiled(model, entry, model.context_length, draft=False))
         self._probe(engine, None, entry)
         return engine
 
@@ -137,7 +137,12 @@ class ModelPool:
         graphs = self.graphs_mode != "off" and model.device.type == "cuda"
         return self.compile_mode != "off" and self.compile_rows is not None, graphs
 
-    def _compiled(self, model: LoadedModel, entry: ModelEntry, draft: bool) -> LoadedModel:
+    def _compiled(
+        self, model: LoadedModel, entry: ModelEntry, context: int, draft: bool
+    ) -> LoadedModel:
+        """`model` compiled for its target's batch: `context` is the target's context length,
+        which sets the batch's rows (a draft's slots are as many as its target's rows; a
+        one-slot cache is a size torch specialises, so the count must match)."""
         inductor, graphs = self._fast(model)
         if not (inductor or graphs) or self.compile_rows is None:
             return model
@@ -148,7 +153,7 @@ class ModelPool:
                 entry.name, entry.version,
             )  # fmt: skip
             return model
-        rows = self.compile_rows(model.context_length)
+        rows = self.compile_rows(context)
         measure = (inductor and self.compile_mode == "auto") or (
             graphs and self.graphs_mode == "auto"
         )
@@ -177,11 +182,14 @@ class ModelPool:
     def _probe(self, engine: Engine, draft: LoadedModel | None, entry: ModelEntry) -> None:
         if self.probe_rows <= 0:
             return
+        rows = self.probe_rows  # up to the batch's own rows (a KV budget can cap them)
+        if self.compile_rows is not None:
+            rows = min(rows, self.compile_rows(engine.target.context_length))
         t0 = time.perf_counter()
-        costs = engine.measure_costs(self.probe_rows, draft)
+        costs = engine.measure_costs(rows, draft)
         log.info(
             "forward costs of %s v%s measured for up to %d rows: %d shapes in %.2f s",
-            entry.name, entry.version, self.probe_rows, len(costs.means),
+            entry.name, entry.version, rows, len(costs.means),
             time.perf_counter() - t0,
         )  # fmt: skip
 
@@ -212,7 +220,7 @@ class ModelPool:
             str(entry.path), device=self.device, dtype=self.dtype, cpu_linear=self.cpu_linear
         )
         check_pair(engine.target, model)
-        model = self._compiled(model, entry, draft=True)
+        model = self._compiled(model, entry, engine.target.context_length, draft=True)
         self._probe(engine, model, entry)
         return model
 

@@ -8,7 +8,9 @@ before the next step. One step:
 1. Prefill: the oldest rows still prefilling feed their next chunks of prompt (at most
    `prefill_chunk` tokens a row) in one forward of their own, at most `prefill_budget`
    tokens in all (rows x longest chunk), so a long arrival delays the others by one chunk
-   per step, not by its whole prompt, and arrivals that come together prefill together.
+   per step, not by its whole prompt, arrivals that come together (as far along, within a
+   chunk) prefill together, and the decoding rows wait at most one budget's forward a
+   step.
 2-4. Every decoding row plans its step exactly as alone (room and k: loop.plan_k; the
    proposal; grammar masks: loop.plan_masks): standard rows feed 1 token, speculative rows
    1 + n. Rows drafting with the same draft model draft together (batch/drafting.py: one
@@ -201,7 +203,10 @@ class Batch:
         """1. The oldest prefilling rows feed their next chunks (at most `prefill_chunk`
         tokens a row) in one forward, within a budget of `prefill_budget` tokens (rows x
         longest chunk, padding included): arrivals that come together prefill together,
-        where the matrix products are more efficient per token."""
+        where the matrix products are more efficient per token. A row joins the oldest
+        one's forward only if its prompt is as far along, within one chunk: the forward
+        attends every row over the longest row's keys, and a fresh arrival beside a
+        long prompt's late chunk would attend over thousands of masked ones."""
         waiting = [r for r in self.rows if r.prefilling and not r.finished]
         if not waiting:
             return
@@ -213,6 +218,8 @@ class Batch:
                 width = min(left, self.prefill_chunk)
             elif (len(group) + 1) * width > self.prefill_budget:
                 break
+            elif abs(row.prefilled - group[0][0].prefilled) > self.prefill_chunk:
+                continue  # every row attends to the group's longest span: keep them close
             take = min(left, width)
             group.append((row, row.ctx[row.prefilled : row.prefilled + take]))
         t0 = time.perf_counter()

@@ -34,7 +34,11 @@ async def test_the_verdict_is_kept_and_read_back_by_the_next_start(
     assert json.loads((tmp_path / "linear-verdicts.json").read_text()) == kept
 
 
-async def test_a_pinned_forward_keeps_no_verdict(tiny_manifest: Path, tmp_path: Path) -> None:
+async def test_a_pinned_forward_keeps_no_verdict(
+    tiny_manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cpu_linear, "_verdict_file", tmp_path / "earlier.json")  # another start's
     async with sqlite_gateway(tiny_manifest, tmp_path, cpu_linear="off") as gw:
         assert (await gw.complete(max_tokens=2)).status_code == 200
+        assert cpu_linear._verdict_file is None  # a later load_model(cpu_linear=None) keeps none
     assert not (tmp_path / "linear-verdicts.json").exists()

@@ -335,3 +335,29 @@ def test_one_rows_failing_grammar_in_a_shared_draft_ends_only_that_row(llama_lm,
     last = seen[id(good_row)][-1]
     assert isinstance(last, Finished)
     assert last.result.token_ids == engine.run(ok, draft_lm).token_ids
+
+
+def test_a_fresh_arrival_does_not_prefill_beside_a_long_prompts_late_chunk(llama_lm) -> None:
+    """A prefill forward attends every row over its longest row's keys, so rows prefill
+    together only when their prompts are as far along (within one chunk); each decodes what
+    it decodes alone."""
+    engine = Engine(llama_lm)
+    long = tuple((i * 7) % 200 + 3 for i in range(60))
+    short = [tuple((i * 5 + r) % 200 + 3 for i in range(17)) for r in range(2)]
+    batch = engine.batch(3, prefill_chunk=16, prefill_budget=64)
+    first = batch.add(engine.prepare(DecodeRequest(long, greedy(4))))
+    batch.step()
+    batch.step()  # 32 of its 59 tokens in
+    late = [batch.add(engine.prepare(DecodeRequest(p, greedy(4)))) for p in short]
+    batch.step()
+    assert first.prefilled == 48 and all(r.prefilled == 0 for r in late)  # it went alone
+    while first.prefilling:
+        batch.step()
+    batch.step()
+    assert not any(r.prefilling for r in late)  # then the two arrivals went together
+    jobs = [Job(0, DecodeRequest(long, greedy(4)))] + [
+        Job(2, DecodeRequest(p, greedy(4))) for p in short
+    ]
+    got = drive(engine.batch(3, prefill_chunk=16, prefill_budget=64), engine, jobs)
+    for job, r in zip(jobs, got, strict=True):
+        assert r.token_ids == engine.run(job.req).token_ids

@@ -268,3 +268,64 @@ async def test_the_prefill_budget_setting_reaches_the_batch(tmp_path: Path, monk
     assert [(b.prefill_chunk, b.prefill_budget) for b in made] == [(3, 6)]  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="GATEWAY_PREFILL_BUDGET"):
         InferenceWorker(capacity=1, max_active=1, prefill_budget=0)
+
+
+async def test_a_draft_is_compiled_and_probed_for_its_targets_batch_rows(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A draft's slots are as many as its target's batch rows, which the target's context
+    length sets (with a KV budget); the draft is compiled for those rows, not for the rows
+    its own context length would give (a one-slot cache is a size torch specialises), and
+    forward costs are probed up to the batch's rows."""
+    from dataclasses import replace
+
+    from gateway.engine import Engine
+    from gateway.engine.batch.costs import ForwardCosts
+    from gateway.serving import models
+
+    manifest = load_manifest(tiny_models.build(tmp_path))
+    real_load = models.load_model
+
+    target_context: list[int] = []
+    draft_paths = {str(e.path) for e in manifest.drafts_for(manifest.targets()[0].name)}
+
+    def load_model(path, *args, **kw):  # type: ignore[no-untyped-def]
+        lm = real_load(path, *args, **kw)  # a draft with twice its target's context
+        if path in draft_paths:
+            return replace(lm, context_length=2 * lm.context_length)
+        target_context.append(lm.context_length)
+        return lm
+
+    compiled_for: list[tuple[bool, int]] = []
+    probed: list[int] = []
+
+    def compiled_model(model, rows, draft, **kw):  # type: ignore[no-untyped-def]
+        compiled_for.append((draft, rows))
+        return model, 0.0
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr(models, "compiled_model", compiled_model)
+
+    def measure_costs(self, rows, draft=None):  # type: ignore[no-untyped-def]
+        probed.append(rows)
+        return ForwardCosts()
+
+    monkeypatch.setattr(Engine, "measure_costs", measure_costs)
+    worker = started(max_active=2)
+
+    async def runner(fn):  # type: ignore[no-untyped-def]
+        return await worker.call(fn)
+
+    def rows_for(context: int) -> int:  # as batch_rows under a KV budget of 2 target contexts
+        return max(1, 2 * target_context[0] // context)
+
+    pool = ModelPool(
+        manifest, "cpu", None, runner, probe_rows=8, compile_rows=rows_for, compile_mode="on"
+    )
+    try:
+        await pool.load_targets()
+    finally:
+        worker.stop()
+    drafts = len(manifest.drafts_for(manifest.targets()[0].name))
+    assert compiled_for == [(False, 2)] + [(True, 2)] * drafts  # the batch's 2, not 1
+    assert probed == [2] * (1 + drafts)
