@@ -33,18 +33,16 @@ from benchmarks.concurrency import _prompts
 from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, init_torch_thread
 from gateway.engine.compiled import compiled_model
 
-from gateway.engine import cpu_linear
+from gateway.engine import cpu_linear, keep_verdicts
 init_torch_thread()
 rounds, new_tokens, only_warmup = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-verdicts = json.loads(sys.argv[4])  # the cold start's linear forwards, kept by the restart
-pair = load_pair(cpu_linear=False if verdicts else None)
+cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+keep_verdicts(cache / "linear-verdicts.json")  # as the gateway: the restart keeps the forms
+pair = load_pair()
 def weight_major(lm):
     return getattr(lm.model.lm_head.forward, "__func__", None) is cpu_linear.forward
-for name, lm in (("target", pair.target), ("draft_v2", pair.drafts["v2"])):
-    if verdicts.get(name):
-        cpu_linear.use_weight_major_linear(lm.model)
 t0 = time.perf_counter()
-store = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "precompiled"  # as the gateway's
+store = cache / "precompiled"  # as the gateway's
 fast_target, t_target = compiled_model(pair.target, 8, progress=lambda m: None, store=store)
 fast_draft, t_draft = compiled_model(pair.drafts["v2"], 8, draft=True, progress=lambda m: None,
                                      store=store)
@@ -96,13 +94,12 @@ print(json.dumps(out))
 """
 
 
-def _child(
-    cache: str, rounds: int, new_tokens: int, only_warmup: bool, linear: dict[str, bool]
-) -> dict[str, Any]:
-    """`linear`: which models take the weight-major linear forward ({}: measured at load),
-    so that a restart traces the same code its precompiled steps were built from."""
+def _child(cache: str, rounds: int, new_tokens: int, only_warmup: bool) -> dict[str, Any]:
+    """A process compiling (or, from `cache`, loading) the demo pair's steps; the linear
+    forwards the first one timed are kept there too (cpu_linear.keep_verdicts, as the
+    gateway does), so that a restart traces the code its precompiled steps were built from."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-    args = [str(rounds), str(new_tokens), "1" if only_warmup else "0", json.dumps(linear)]
+    args = [str(rounds), str(new_tokens), "1" if only_warmup else "0"]
     done = subprocess.run(
         [sys.executable, "-c", CHILD, *args],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True,
@@ -112,8 +109,8 @@ def _child(
 
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as cache:
-        cold = _child(cache, 1 if quick else 3, 32 if quick else 64, False, {})
-        warm = _child(cache, 1, 1, True, cold["weight_major_linear"])
+        cold = _child(cache, 1 if quick else 3, 32 if quick else 64, False)
+        warm = _child(cache, 1, 1, True)
     return {
         "setup": {"rows_compiled_for": 8, "draft": "demo-code-draft@2", "greedy": True},
         "cold": cold,

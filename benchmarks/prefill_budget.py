@@ -43,16 +43,12 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
                     per_client = 1 if quick else max(2, 8 // n)
                     got = _runs(url, key, prompts, n, per_client, MODES[mode], offset=r)
                     pooled[budget][f"{mode}_{n}"].append(got)
-                    tps = round(sum(x["tokens"] for x in got[0]) / got[1], 1)
-                    print(f"   round {r + 1} budget {budget} {mode} {n}: {tps}", flush=True)
+                    print(f"   round {r + 1} budget {budget} {mode} {n}: {_rate(*got)}", flush=True)
     levels = {
         str(b): {name: _summary(runs, alone) for name, runs in pooled[b].items()} for b in BUDGETS
     }
     per_round = {
-        str(b): {
-            name: [round(sum(x["tokens"] for x in rs) / wall, 1) for rs, wall in runs]
-            for name, runs in pooled[b].items()
-        }
+        str(b): {name: [_rate(rs, wall) for rs, wall in runs] for name, runs in pooled[b].items()}
         for b in BUDGETS
     }
     lo, hi = (levels[str(b)] for b in BUDGETS)
@@ -72,3 +68,8 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             name: round(hi[name]["tokens_per_s"] / lo[name]["tokens_per_s"], 3) for name in lo
         },
     }
+
+
+def _rate(runs: list[dict[str, Any]], wall: float) -> float:
+    """Tokens/s of one round: every request's tokens over the round's wall time."""
+    return round(sum(x["tokens"] for x in runs) / wall, 1)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from gateway.engine.cpu_linear import machine_identity
 
 if TYPE_CHECKING:
     from gateway.engine.batch.decoder import LeanDecoder
@@ -212,11 +215,7 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
     functions, torch and transformers versions, the traced source files, the machine
     (cpu_linear.machine_identity: CPU model, capability, cores, threads), the default
     dtype, inductor's config and TORCHINDUCTOR_*."""
-    import os
-
     import transformers
-
-    from gateway.engine.cpu_linear import machine_identity
 
     model = lean.model
     weight = next(model.parameters())

@@ -91,7 +91,7 @@ def weight_major_pays(model: Any, cache_kwarg: str) -> bool:
             _verdicts[key] = kept[name]
         else:
             _verdicts[key] = _measure(model, linears, cache_kwarg)
-            _keep_verdict(name, _verdicts[key])
+            _keep_verdicts({**kept, name: _verdicts[key]})
     return _verdicts[key]
 
 
@@ -103,8 +103,8 @@ def keep_verdicts(path: Path | None) -> None:
     start instead of measuring again: with a noisy machine the two forwards can measure
     within the margin of each other, and a verdict that flipped between starts would change
     the rounding of every output and the fingerprint of every precompiled step (a restart
-    that compiles anew). A verdict is kept per model shape, torch version, CPU capability,
-    machine and thread count; deleting the file measures again. None: keep nothing."""
+    that compiles anew). A verdict is kept per model shape, torch version and
+    `machine_identity`; deleting the file measures again. None: keep nothing."""
     global _verdict_file
     _verdict_file = path
 
@@ -146,11 +146,10 @@ def _kept_verdicts() -> dict[str, bool]:
         return {}
 
 
-def _keep_verdict(name: str, verdict: bool) -> None:
+def _keep_verdicts(kept: dict[str, bool]) -> None:
     if _verdict_file is None:
         return
     try:
-        kept = {**_kept_verdicts(), name: verdict}
         _verdict_file.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{_verdict_file.name}.", dir=_verdict_file.parent)
         with os.fdopen(fd, "w") as f:  # a file of its own, whole on disk before it replaces

@@ -30,6 +30,7 @@ tie.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from collections.abc import Callable
@@ -138,10 +139,7 @@ class GraphedSteps:
                         self.failed)  # fmt: skip
             return None
         layout = self._layout(cache, slots, tokens, starts, rows, width)
-        if not self.capture:
-            graph.inputs.copy_(layout)
-            return graph()[:b, : 1 if keep_last else t].clone()
-        with torch.cuda.device(self.device):
+        with torch.cuda.device(self.device) if self.capture else contextlib.nullcontext():
             graph.inputs.copy_(layout)
             return graph()[:b, : 1 if keep_last else t].clone()
 

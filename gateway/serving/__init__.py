@@ -120,8 +120,8 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     )
     worker.start()
     compile_mode = _compile_mode(settings.compile)
-    auto_linear = _cpu_linear(settings.cpu_linear) is None  # timed once, then kept
-    keep_verdicts(Path(settings.var_dir) / "linear-verdicts.json" if auto_linear else None)
+    cpu_linear = _cpu_linear(settings.cpu_linear)  # None (auto): timed once, then kept
+    keep_verdicts(Path(settings.var_dir) / "linear-verdicts.json" if cpu_linear is None else None)
     compile_store = None
     if compile_mode != "off":
         os.environ.setdefault(
@@ -135,7 +135,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     pool = ModelPool.from_manifest(
         settings.models, settings.device, settings.dtype, worker.call,
         probe_rows=settings.max_batch if settings.measure_costs else 0,
-        compile_rows=compile_rows, cpu_linear=_cpu_linear(settings.cpu_linear),
+        compile_rows=compile_rows, cpu_linear=cpu_linear,
         compile_mode=compile_mode, graphs_mode=_graphs_mode(settings.cuda_graphs),
         compile_store=compile_store,
     )  # fmt: skip

@@ -50,8 +50,11 @@ def batched_forward(
     if max(starts) + t > cache.capacity + cache.pad:
         raise ValueError("a padded row would write past its slot's padding")
     span = max(st + n for st, n in zip(starts, lengths, strict=True))
-    fast = compiled is not None and compiled.serves(b, t, keep_last, backbone) and cache.allocated
-    graphs = compiled.graphs if fast and compiled is not None else None
+    if compiled is not None and not (
+        compiled.serves(b, t, keep_last, backbone) and cache.allocated
+    ):
+        compiled = None  # this step runs eager
+    graphs = compiled.graphs if compiled is not None else None
     if graphs is not None and graphs.serves(b, t, cache):  # padded to a bucket
         out = graphs(cache, slots, tokens, starts, span, keep_last)
         if out is not None:  # None: recording failed, the step runs eager below
@@ -60,7 +63,7 @@ def batched_forward(
     empty = any(st == 0 and n < t for st, n in zip(starts, lengths, strict=True))
     packed = torch.tensor(row_layout(tokens, starts, t)).view(4, b, t)
     ids, position_ids, positions, last_seen = packed[0], packed[1], packed[2], packed[3]
-    if fast and compiled is not None:
+    if compiled is not None:
         # Tensors of their own, not views of `packed`: a compiled graph guards on how its
         # inputs are laid out, and views of one base compiled a graph per layout.
         out = compiled(
