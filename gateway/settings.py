@@ -80,11 +80,20 @@ class Settings:
     kind of step (one row x one token or several, several rows x one or several) compiled
     and eager on this device and serves compiled only the kinds where it measured at least
     3% faster (a model where none did runs eager; the log says which). On a 2-core CPU the
-    demo pair took 73-142 s cold; the compiled steps are saved (var/compile-cache unless
-    TORCHINDUCTOR_CACHE_DIR is set: inductor's cache and precompiled/) and a restart loads
-    them in about 4 s. It decoded 1.2-1.4x faster at 8 rows, 1.0-1.2x at 1 row (README,
-    "Compiled step"). Off by default because of the first start's time. A draft
-    registered while the gateway runs stays eager. ``true``/``false`` mean on/off."""
+    demo gateway was ready 75 s after a cold start (88 s without GATEWAY_COMPILE_HELPER);
+    the compiled steps are saved (var/compile-cache unless TORCHINDUCTOR_CACHE_DIR is set:
+    inductor's cache and precompiled/) and a restart loads them (ready in about 9 s). It
+    decoded 1.2-1.4x faster at 8 rows, 1.0-1.4x at 1 row (README, "Compiled step"). Off by
+    default because of the first start's time. A draft registered while the gateway runs
+    stays eager. ``true``/``false`` mean on/off."""
+    compile_helper: bool = True
+    """With ``GATEWAY_COMPILE`` on or auto and more than one model to compile on a machine
+    with 2 cores or more: at start, a helper process (``python -m
+    gateway.engine.precompile``) compiles the drafts and any further target while the
+    gateway compiles its first target, and the gateway then loads what the helper saved
+    (gateway/engine/precompile.py). A helper that fails costs nothing but the overlap:
+    what it did not save compiles in the gateway. ``false``: everything compiles in the
+    gateway, one model after the other."""
     cuda_graphs: str = "off"
     """On a CUDA device: ``off``, ``on`` or ``auto``: pad the batch path's decode steps to
     buckets of rows x tokens x key span and replay them as captured CUDA graphs

@@ -6,7 +6,9 @@ rotary embeddings, activations and residuals around the matrix products and runs
 as a few generated kernels. The lean decoder is what is compiled, not transformers' model
 forward: it is a plain function of tensors (its cache writes are index_put_ into the
 pre-allocated slot buffers, its reads a gather of the step's rows up to the key span), so
-it traces into one graph without breaks, and compiles several times faster.
+it traces into one graph without breaks, and compiles several times faster. Each layer
+is a nested compile region (`_layer`): traced and compiled once per kind of step and
+reused by the other layers, which halves a cold compile of the demo target.
 
 Which steps: decode and verify steps of the target (each row's logits at every fed
 position) and drafting steps of a draft (the last position's logits, or hidden states for
@@ -35,6 +37,7 @@ import logging
 import os
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gateway.engine.batch.decoder import Family, block
 from gateway.engine.cpu_linear import machine_identity
 
 if TYPE_CHECKING:
@@ -105,20 +109,46 @@ def _step(
     """The lean decoder's layers as one function of tensors. ids, position_ids, positions:
     (B, T); rows: (B,) slots; mask: (B, 1, T, S) additive, S the key span; keep: (B,) the
     position kept per row (used with keep_last). keys/values: each layer's slot buffers
-    (slots, kv_heads, capacity, D), written at (rows, positions) in place."""
-    span = mask.shape[-1]
-    heads = torch.arange(keys[0].shape[1], device=ids.device)
-    where = (rows[:, None, None], heads[None, :, None], positions[:, None, :])  # (B, kvH, T)
+    (slots, kv_heads, capacity, D), written at (rows, positions) in place.
 
-    def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        keys[i].index_put_(where, k)
-        values[i].index_put_(where, v)
-        return keys[i][rows, :, :span], values[i][rows, :, :span]  # (B, kvH, S, D)
-
-    h = lean.hidden(ids, position_ids, mask, kv)
+    Each layer runs as `_layer`, a nested compile region: torch traces and compiles the
+    first layer once and calls that code for the others (the same math, bitwise), instead
+    of tracing and generating code for every layer; a cold compile takes about half as
+    long. The buffers' head count and head size are pinned first: a size the first layer's
+    trace specialises would break the reuse for the next ones (torch 2.13)."""
+    inner = lean.inner
+    heads, size = int(lean.model.config.num_key_value_heads), lean._layers[0].self_attn.head_dim
+    for buffer in (*keys, *values):
+        torch._check(buffer.shape[1] == heads)
+        torch._check(buffer.shape[3] == size)
+    h = inner.embed_tokens.forward(ids)  # (B, T, H)
+    cos, sin = inner.rotary_emb.forward(h, position_ids)
+    for i, layer in enumerate(lean._layers):
+        h = _layer(layer, lean.family, h, cos, sin, mask, keys[i], values[i], rows, positions)
     if keep_last:
         h = h[torch.arange(ids.shape[0], device=ids.device), keep][:, None]  # (B, 1, H)
     return lean.head(h, backbone)
+
+
+@torch.compiler.nested_compile_region
+def _layer(
+    module: Any, family: Family, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    mask: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """One layer of `_step` (batch/decoder.py `block`): its new keys and values written into
+    its slot buffers at (rows, positions), the step attending to each row's keys up to the
+    span."""
+    span = mask.shape[-1]
+    heads = torch.arange(keys.shape[1], device=h.device)
+    where = (rows[:, None, None], heads[None, :, None], positions[:, None, :])  # (B, kvH, T)
+
+    def kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys.index_put_(where, k)
+        values.index_put_(where, v)
+        return keys[rows, :, :span], values[rows, :, :span]  # (B, kvH, S, D)
+
+    return block(module, family, h, cos, sin, mask, kv)
 
 
 class Precompiled:
@@ -165,14 +195,14 @@ class Precompiled:
     def _external(self) -> dict[str, Any]:
         """The objects the step reaches that are not saved with it: the model's modules."""
         lean = self.lean
-        out: dict[str, Any] = {"lean": lean, "layers": lean._layers, "extra": lean._extra}
+        out: dict[str, Any] = {"lean": lean, "layers": lean._layers, "family": lean.family}
         out.update({f"module:{n}": m for n, m in lean.model.named_modules()})
         return out
 
     def _build(self, name: str, args: tuple[torch.Tensor, ...]) -> Any:
         import torch.fx.experimental._config as fx_config
 
-        path = self.store / f"step-{self.fingerprint}-{name}.pt"
+        path = _artifact(self.store, self.fingerprint, name)
         if path.exists():
             try:
                 with path.open("rb") as f:
@@ -186,7 +216,8 @@ class Precompiled:
                 log.warning("precompiled step %s not loaded (%s): compiling it", path, exc)
         try:
             # No size equalities guessed from equal example sizes (duck sizing), and float
-            # attributes as constants (a restart analysis aot_compile cannot take).
+            # attributes as constants (`_jit`; also a restart analysis aot_compile cannot
+            # take).
             with (
                 torch._dynamo.config.patch(specialize_float=True),
                 fx_config.patch(use_duck_shape=False),  # type: ignore[attr-defined]
@@ -205,6 +236,20 @@ class Precompiled:
                         name, self.store, type(exc).__name__, exc)  # fmt: skip
         fn.disable_guard_check()
         return fn
+
+
+def _artifact(store: Path, fingerprint: str, name: str) -> Path:
+    return store / f"step-{fingerprint}-{name}.pt"
+
+
+def stored(lm: LoadedModel, max_rows: int, draft: bool, store: Path) -> bool:
+    """Whether `store` holds every kind of step that `compiled_model(lm, max_rows, draft,
+    store=store)` compiles (so it would only load them); True for a model that is not
+    compiled."""
+    if lm.decoder is None:
+        return True
+    fingerprint = _fingerprint(lm.decoder, draft, draft and lm.draft_head is not None)
+    return all(_artifact(store, fingerprint, kind(b, t)).exists() for b, t in _warm_kinds(max_rows))
 
 
 def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
@@ -232,7 +277,7 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
         torch.__version__, transformers.__version__, model.config.to_json_string(),
         str(getattr(model.config, "_attn_implementation", None)), str(weight.dtype),
         str(weight.device), named(lean._layers[0].self_attn.q_proj.forward),
-        named(lean._attention), named(lean._rotary), str(keep_last), str(backbone),
+        named(lean.family.attention), named(lean.family.rotary), str(keep_last), str(backbone),
         *machine_identity(), str(torch.get_default_dtype()),
         repr(sorted(inductor.items(), key=lambda kv: kv[0])),
         repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_"))),
@@ -241,6 +286,28 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
     for src in sources:
         digest.update(src)
     return digest.hexdigest()[:20]
+
+
+def _jit(step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`step` compiled just in time, with dynamic shapes, tracing float attributes (a
+    norm's epsilon) as constants: inductor cannot compile `_layer`, a nested region, with
+    a float input it reads as a scalar (torch 2.13). One kept config patch: about 4 us a
+    call. `step` runs as a copy with a code object of its own: torch keeps compiled entries
+    per code object and, past 8 of them (`recompile_limit`), runs the function eager with
+    a warning; every model's step shares one code object otherwise, so a third model's
+    kinds ran eager in a process that compiled two."""
+    own = types.FunctionType(
+        step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__,
+        step.__closure__,
+    )  # fmt: skip
+    compiled = torch.compile(own, dynamic=True)
+    floats = torch._dynamo.config.patch(specialize_float=True)
+
+    def call(*args: Any) -> torch.Tensor:
+        with floats:
+            return compiled(*args)  # type: ignore[no-any-return]
+
+    return call
 
 
 def compile_forwards(
@@ -260,7 +327,7 @@ def compile_forwards(
 
     fn: Callable[..., torch.Tensor] = step
     if inductor:
-        fn = torch.compile(step, dynamic=True)
+        fn = _jit(step)
         if store is not None:
             fn = Precompiled(step, fn, lean, store, _fingerprint(lean, keep_last, backbone))
     if graph_rows <= 0:
@@ -381,7 +448,7 @@ def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = lo
     fast = lm.compiled
     assert fast is not None
     model, kwarg = lm.model, cache_kwarg(lm.model)
-    kinds = [(b, t) for b, t in ((1, 3), (2, 1), (2, 3), (1, 1)) if b <= max_rows]
+    kinds = _warm_kinds(max_rows)
     t0 = time.perf_counter()
     fill = [[1, 2, 3], [1, 2, 3, 4]][:max_rows]  # rows of different lengths, as in a batch
     with torch.inference_mode():
@@ -399,6 +466,11 @@ def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = lo
                 f"token(s)), {time.perf_counter() - t0:.1f} s"
             )
     return time.perf_counter() - t0
+
+
+def _warm_kinds(max_rows: int) -> list[tuple[int, int]]:
+    """(rows, tokens) of a step of each kind `warm_up` compiles, in its order."""
+    return [(b, t) for b, t in ((1, 3), (2, 1), (2, 3), (1, 1)) if b <= max_rows]
 
 
 def _scratch(lm: LoadedModel, max_rows: int, fill: list[list[int]]) -> tuple[SlotCache, list[int]]:

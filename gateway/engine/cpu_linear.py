@@ -218,3 +218,13 @@ def use_weight_major_linear(model: Any) -> int:
             module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
             count += 1
     return count
+
+
+def uses_weight_major(model: Any) -> bool:
+    """Whether `use_weight_major_linear` gave this model's linear layers the weight-major
+    forward."""
+    return any(
+        getattr(m.__dict__.get("forward"), "__func__", None) is forward
+        for m in model.modules()
+        if type(m) is nn.Linear
+    )

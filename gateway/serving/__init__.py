@@ -137,7 +137,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         probe_rows=settings.max_batch if settings.measure_costs else 0,
         compile_rows=compile_rows, cpu_linear=cpu_linear,
         compile_mode=compile_mode, graphs_mode=_graphs_mode(settings.cuda_graphs),
-        compile_store=compile_store,
+        compile_store=compile_store, compile_helper=settings.compile_helper,
     )  # fmt: skip
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)

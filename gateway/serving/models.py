@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -19,14 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.engine import Engine, LoadedModel, check_pair, load_model
-from gateway.engine.compiled import compiled_model
+from gateway.engine import Engine, LoadedModel, check_pair, load_model, precompile
+from gateway.engine.compiled import compiled_model, stored
 from gateway.serving.errors import GatewayError
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
 
 log = logging.getLogger("gateway.models")
 
 Runner = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+HELPER_TIMEOUT = 1800.0  # seconds a compile helper may take before it is killed
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class ModelPool:
         compile_mode: str = "off",
         graphs_mode: str = "off",
         compile_store: Path | None = None,
+        compile_helper: bool = False,
     ) -> None:
         """probe_rows > 0: time each model's forwards for batches of up to that many rows
         when it loads (Engine.measure_costs), so the cost model starts from measurements.
@@ -58,7 +62,9 @@ class ModelPool:
         the manifest then loads at start too, since compiling later would stall the
         inference thread. auto: serve fast only the kinds of step that measured faster
         (engine/compiled.py, measure_kinds). compile_store: where compiled steps are kept
-        for the next start (engine/compiled.py, Precompiled)."""
+        for the next start (engine/compiled.py, Precompiled). compile_helper
+        (GATEWAY_COMPILE_HELPER), with a store: at start, a helper process compiles every
+        model but the first while the first compiles here (engine/precompile.py)."""
         self.manifest = manifest
         self.device = device
         self.dtype = dtype
@@ -68,6 +74,9 @@ class ModelPool:
         self.compile_mode = compile_mode
         self.graphs_mode = graphs_mode
         self.compile_store = compile_store
+        self.compile_helper = compile_helper
+        self._preloaded: dict[tuple[str, str], LoadedModel] = {}  # loaded, not yet served
+        self._helper: precompile.Helper | None = None
         self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
         self._started = False
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
@@ -79,24 +88,63 @@ class ModelPool:
         cls, path: str, device: str | None, dtype: str | None, runner: Runner,
         probe_rows: int = 0, compile_rows: Callable[[int], int] | None = None,
         cpu_linear: bool | None = None, compile_mode: str = "off", graphs_mode: str = "off",
-        compile_store: Path | None = None,
+        compile_store: Path | None = None, compile_helper: bool = False,
     ) -> ModelPool:  # fmt: skip
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
         manifest = load_manifest(path)
         return cls(
             manifest, device, dtype, runner, probe_rows, compile_rows, cpu_linear, compile_mode,
-            graphs_mode, compile_store,
+            graphs_mode, compile_store, compile_helper,
         )  # fmt: skip
 
     async def load_targets(self) -> None:
         """Load every target (and, when compiling or capturing, every draft) before serving."""
+        if self.compile_helper and self.compile_store is not None and self.compile_mode != "off":
+            await self._compile_alongside()
         for entry in self.manifest.targets():
             _, engine = await self.target(entry.name)
             if any(self._fast(engine.target)):
                 for version in self.draft_versions(entry.name):
                     await self.draft(entry.name, version)
         self._started = True
+
+    async def _compile_alongside(self) -> None:
+        """Load every target and its drafts now (each model's linear forward decided here),
+        then, when the first target has steps to compile, start a helper process that
+        compiles the others' missing steps into the store meanwhile (engine/precompile.py);
+        compiling the others waits for the helper, then loads what it saved. A restart,
+        whose steps are all stored, starts none (it would only cost its own start)."""
+        store = self.compile_store
+        assert store is not None
+        jobs: list[precompile.Job] = []
+        first, busy = True, False  # busy: the first target has steps to compile here
+        for entry in {e.name: e for e in self.manifest.targets()}.values():  # as target()
+            target = await self._preload(entry, draft_vocab=False)
+            if self.compile_rows is None or not self._fast(target)[0]:
+                continue
+            rows = self.compile_rows(target.context_length)
+            if first:  # compiles here
+                busy = not stored(target, rows, False, store)
+            elif not stored(target, rows, False, store):
+                jobs.append(precompile.Job.of(target, rows, draft=False))
+            first = False
+            for draft_entry in self.manifest.drafts_for(entry.name):
+                draft = await self._preload(draft_entry, draft_vocab=True)
+                if not stored(draft, rows, True, store):  # a restart only loads them
+                    jobs.append(precompile.Job.of(draft, rows, draft=True))
+        if not (jobs and busy) or (os.cpu_count() or 1) < 2:
+            return  # nothing to overlap: what needs compiling compiles here
+        self._helper = await self._run(lambda: precompile.start(jobs, store))
+
+    async def _preload(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
+        await asyncio.to_thread(verify_sha256, entry)
+        path, linear = str(entry.path), self.cpu_linear
+        model: LoadedModel = await self._run(
+            lambda: load_model(path, self.device, self.dtype, draft_vocab, linear)
+        )
+        self._preloaded[(entry.name, entry.version)] = model
+        return model
 
     # -- targets -----------------------------------------------------------------------
 
@@ -118,16 +166,21 @@ class ModelPool:
                 code="model_not_found",
             )
         entry = entries[-1]
-        await asyncio.to_thread(verify_sha256, entry)  # no torch: keeps decoding going
-        engine: Engine = await self._run(lambda: self._load_target(entry))
+        model = self._preloaded.pop((entry.name, entry.version), None)
+        if model is None:
+            await asyncio.to_thread(verify_sha256, entry)  # no torch: keeps decoding going
+        engine: Engine = await self._run(lambda: self._load_target(entry, model))
         with self._lock:
             self._engines.setdefault(name, (entry, engine))
             return self._engines[name]
 
-    def _load_target(self, entry: ModelEntry) -> Engine:  # on the inference thread
-        model = load_model(
-            str(entry.path), self.device, self.dtype, draft_vocab=False, cpu_linear=self.cpu_linear
-        )
+    def _load_target(self, entry: ModelEntry, model: LoadedModel | None) -> Engine:
+        """On the inference thread; `model`: already loaded (`_preload`)."""
+        if model is None:
+            model = load_model(
+                str(entry.path), self.device, self.dtype, draft_vocab=False,
+                cpu_linear=self.cpu_linear,
+            )  # fmt: skip
         engine = Engine(self._compiled(model, entry, model.context_length, draft=False))
         self._probe(engine, None, entry)
         return engine
@@ -153,6 +206,10 @@ class ModelPool:
                 entry.name, entry.version,
             )  # fmt: skip
             return model
+        helper = self._helper
+        if helper is not None and model.path in helper.paths:  # it compiled this one
+            self._helper = None
+            helper.wait(HELPER_TIMEOUT)
         rows = self.compile_rows(context)
         measure = (inductor and self.compile_mode == "auto") or (
             graphs and self.graphs_mode == "auto"
@@ -210,15 +267,21 @@ class ModelPool:
         if handle is not None:
             return handle
         _, engine = await self.target(target)
-        await asyncio.to_thread(verify_sha256, entry)
-        model: LoadedModel = await self._run(lambda: self._load_draft(entry, engine))
+        loaded = self._preloaded.pop(key, None)
+        if loaded is None:
+            await asyncio.to_thread(verify_sha256, entry)
+        model: LoadedModel = await self._run(lambda: self._load_draft(entry, engine, loaded))
         with self._lock:
             return self._drafts.setdefault(key, DraftHandle(entry, model))
 
-    def _load_draft(self, entry: ModelEntry, engine: Engine) -> LoadedModel:  # inference thread
-        model = load_model(
-            str(entry.path), device=self.device, dtype=self.dtype, cpu_linear=self.cpu_linear
-        )
+    def _load_draft(
+        self, entry: ModelEntry, engine: Engine, model: LoadedModel | None
+    ) -> LoadedModel:
+        """On the inference thread; `model`: already loaded (`_preload`)."""
+        if model is None:
+            model = load_model(
+                str(entry.path), device=self.device, dtype=self.dtype, cpu_linear=self.cpu_linear
+            )
         check_pair(engine.target, model)
         model = self._compiled(model, entry, engine.target.context_length, draft=True)
         self._probe(engine, model, entry)

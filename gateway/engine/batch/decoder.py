@@ -51,17 +51,14 @@ class LeanDecoder:
         self.inner = model.base_model
         cfg = model.config
         first = self.inner.layers[0].self_attn
-        family = sys.modules[type(first).__module__]
-        self._rotary = family.apply_rotary_pos_emb
-        self._attention: Callable[..., Any] = ALL_ATTENTION_FUNCTIONS.get_interface(
-            cfg._attn_implementation, family.eager_attention_forward
+        source = sys.modules[type(first).__module__]  # the family's modeling module
+        self.family = Family(
+            source.apply_rotary_pos_emb,
+            ALL_ATTENTION_FUNCTIONS.get_interface(
+                cfg._attn_implementation, source.eager_attention_forward
+            ),
         )
         self._layers = list(self.inner.layers[: cfg.num_hidden_layers])
-        self._extra = [  # what the family's attention call passes besides the tensors
-            {"sliding_window": layer.self_attn.sliding_window}
-            if hasattr(layer.self_attn, "sliding_window") else {}
-            for layer in self._layers
-        ]  # fmt: skip
 
     def hidden(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -74,23 +71,11 @@ class LeanDecoder:
         inner = self.inner
         h = inner.embed_tokens.forward(input_ids)  # (B, T, H)
         cos, sin = inner.rotary_emb.forward(h, position_ids)
-        b, t = input_ids.shape
         for i, layer in enumerate(self._layers):
-            a = layer.self_attn
-            x = layer.input_layernorm.forward(h)
-            shape = (b, t, -1, a.head_dim)
-            q = a.q_proj.forward(x).view(shape).transpose(1, 2)  # (B, heads, T, D)
-            k = a.k_proj.forward(x).view(shape).transpose(1, 2)
-            v = a.v_proj.forward(x).view(shape).transpose(1, 2)
-            q, k = self._rotary(q, k, cos, sin)
-            k, v = kv(i, k, v)
-            o, _ = self._attention(
-                a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling, **self._extra[i]
-            )
-            h = h + a.o_proj.forward(o.reshape(b, t, -1).contiguous())
-            x = layer.post_attention_layernorm.forward(h)
-            m = layer.mlp
-            h = h + m.down_proj.forward(m.act_fn(m.gate_proj.forward(x)) * m.up_proj.forward(x))
+            h = block(
+                layer, self.family, h, cos, sin, attention_mask,
+                lambda k, v, i=i: kv(i, k, v),  # type: ignore[misc]
+            )  # fmt: skip
         return h
 
     def head(self, h: torch.Tensor, backbone: bool) -> torch.Tensor:
@@ -116,6 +101,45 @@ class LeanDecoder:
             h = kept_rows(h, keep)
         out = self.head(h, backbone)
         return out[:, -1:] if keep is not None else out
+
+
+class Family(torch.nn.Module):
+    """The functions a layer calls besides its modules' own: the family's rotary function
+    and the model's attention function. A module (holding no weights) so that the compiled
+    step's per-layer region (engine/compiled.py `_layer`) can take it as an argument:
+    torch.compile guards a plain object or function argument of a nested region by
+    pytree's registry, a guard an ahead-of-time artifact cannot save (torch 2.13)."""
+
+    def __init__(self, rotary: Callable[..., Any], attention: Callable[..., Any]) -> None:
+        super().__init__()
+        self.rotary = rotary
+        self.attention = attention
+
+
+def block(
+    layer: Any, family: Family, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    kv: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:  # fmt: skip
+    """One decoder layer: (B, T, H) hidden states in, out, with the family's functions
+    (`Family`). `kv(k, v)` stores the layer's new keys and values and returns those the
+    step attends to."""
+    b, t = h.shape[0], h.shape[1]
+    a = layer.self_attn
+    # what the family's attention call takes besides the tensors
+    extra = {"sliding_window": a.sliding_window} if hasattr(a, "sliding_window") else {}
+    x = layer.input_layernorm.forward(h)
+    shape = (b, t, -1, a.head_dim)
+    q = a.q_proj.forward(x).view(shape).transpose(1, 2)  # (B, heads, T, D)
+    k = a.k_proj.forward(x).view(shape).transpose(1, 2)
+    v = a.v_proj.forward(x).view(shape).transpose(1, 2)
+    q, k = family.rotary(q, k, cos, sin)
+    k, v = kv(k, v)
+    o, _ = family.attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling, **extra)
+    h = h + a.o_proj.forward(o.reshape(b, t, -1).contiguous())
+    x = layer.post_attention_layernorm.forward(h)
+    m = layer.mlp
+    return h + m.down_proj.forward(m.act_fn(m.gate_proj.forward(x)) * m.up_proj.forward(x))
 
 
 def kept_rows(h: torch.Tensor, keep: list[int]) -> torch.Tensor:

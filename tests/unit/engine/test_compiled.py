@@ -17,7 +17,9 @@ from torch._dynamo.utils import counters
 
 from gateway.engine import DecodeResult, Engine, LoadedModel, load_model
 from gateway.engine.compiled import FASTER, CompiledForwards, compiled_model, faster_kinds
+from gateway.engine.models import cache_kwarg, wrap_model
 
+from .conftest import llama
 from .test_batch import drive, mixed_jobs, run_batch
 
 pytestmark = pytest.mark.skipif(
@@ -46,6 +48,42 @@ def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(model_dirs, arch)
     # the batch, whatever its lengths and row counts, compiled nothing more
     assert 0 < warm - graphs <= 8
     assert counters["stats"]["unique_graphs"] == warm
+
+
+def test_each_kind_traces_one_layer_and_reuses_its_code_for_the_others(tokenizer) -> None:
+    """The step's layers are one nested compile region: per kind of step, torch traces the
+    first layer and stamps the others out of it (what halves a cold compile), also for a
+    third model compiled in the process, and the compiled step gives the eager lean
+    decoder's logits (to rounding: fused kernels)."""
+    from torch._dynamo.utils import compilation_time_metrics as timed
+
+    from gateway.engine.batch.forward import batched_forward
+    from gateway.engine.compiled import _scratch
+
+    def model(seed: int, layers: int) -> LoadedModel:
+        return wrap_model(llama(len(tokenizer), tokenizer.eos_token_id, seed, layers), tokenizer)
+
+    for layers in (1, 2):  # two other models' steps first: 8 compiled entries, torch's
+        compiled_model(model(6, layers), 4)  # limit per function (each step has its own)
+    lm = model(5, 3)
+    keys = ("invoke_subgraph_trace", "invoke_subgraph_reuse_stamp_out")
+    before = [len(timed.get(k, [])) for k in keys]
+    fast, _ = compiled_model(lm, 4)
+    traced, stamped = (len(timed.get(k, [])) - n for k, n in zip(keys, before, strict=True))
+    assert (traced, stamped) == (4, 4 * 2)  # 4 kinds, 3 layers each
+    with torch.inference_mode():
+        caches = [_scratch(lm, 4, [[3, 4, 5], [6, 7], [8, 9, 10, 11]]) for _ in range(2)]
+        for feeds in ([[12]], [[13, 14]], [[15], [16], [17]], [[18, 19], [20, 21], [22, 23]]):
+            outs = []
+            for (cache, slots), compiled in zip(caches, (None, fast.compiled), strict=True):
+                for s, n in zip(slots, (3, 2, 4), strict=True):
+                    cache.length[s] = n
+                outs.append(batched_forward(
+                    lm.model, cache_kwarg(lm.model), cache, slots[: len(feeds)], feeds,
+                    lm.device, compiled=compiled, decoder=lm.decoder,
+                ))  # fmt: skip
+            for a, b in zip(*outs, strict=True):
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
 
 def test_a_step_runs_compiled_only_for_the_kinds_kept() -> None:

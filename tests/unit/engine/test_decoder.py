@@ -78,7 +78,7 @@ def test_a_broken_rule_is_caught_at_load_and_the_model_keeps_its_own_forward(
     class NoRotary(LeanDecoder):  # forgets the rotary embedding: a wrong decoder
         def __init__(self, model):
             super().__init__(model)
-            self._rotary = lambda q, k, cos, sin: (q, k)
+            self.family.rotary = lambda q, k, cos, sin: (q, k)
 
     monkeypatch.setattr(decoder_module, "LeanDecoder", NoRotary)
     model = llama(len(tokenizer), tokenizer.eos_token_id, seed=7).eval()

@@ -1,0 +1,66 @@
+"""GATEWAY_COMPILE_HELPER: at start, a helper process compiles the drafts while the pool
+compiles its target, and the pool then loads the drafts' steps the helper saved."""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.serving.models import ModelPool
+from gateway.serving.worker import InferenceWorker
+from models_registry.manifest import load_manifest
+from tests.integration import tiny_models
+
+KINDS = ["1x1", "1xN", "Bx1", "BxN"]
+
+
+async def load(tmp_path, helper: bool) -> ModelPool:  # type: ignore[no-untyped-def]
+    models = tmp_path / "models"
+    manifest = load_manifest(
+        models / "manifest.yaml" if models.exists() else tiny_models.build(models)
+    )
+    worker = InferenceWorker(capacity=8, max_active=1)
+    worker.start()
+
+    async def runner(fn):  # type: ignore[no-untyped-def]
+        return await worker.call(fn)
+
+    pool = ModelPool(
+        manifest, "cpu", None, runner, compile_rows=lambda context: 4, cpu_linear=False,
+        compile_mode="on", compile_store=tmp_path / "store", compile_helper=helper,
+    )  # fmt: skip
+    try:
+        await pool.load_targets()
+    finally:
+        worker.stop()
+    return pool
+
+
+async def test_the_drafts_compile_in_a_helper_while_the_target_compiles_here(
+    tmp_path, caplog
+) -> None:
+    with caplog.at_level(logging.INFO):
+        pool = await load(tmp_path, helper=True)
+    (name,) = pool.target_names()
+    _, engine = await pool.target(name)
+    assert engine.target.compiled.step.loaded == []  # type: ignore[union-attr]  # here
+    drafts = pool.loaded_draft_models(name)
+    assert len(drafts) == 2
+    for draft in drafts.values():  # compiled by the helper: loaded, nothing traced here
+        assert sorted(draft.compiled.step.loaded) == KINDS  # type: ignore[union-attr]
+    assert "compile helper (pid" in caplog.text
+    assert "compile helper: " in caplog.text  # its progress, in this process's log
+
+    caplog.clear()  # a restart: every step is stored, so no helper (it would only cost)
+    with caplog.at_level(logging.INFO):
+        again = await load(tmp_path, helper=True)
+    assert "compile helper" not in caplog.text
+    models = [again._engines[name][1].target, *again.loaded_draft_models(name).values()]
+    assert [sorted(m.compiled.step.loaded) for m in models] == [KINDS] * 3  # type: ignore[union-attr]
+
+
+async def test_without_the_helper_every_model_compiles_here(tmp_path, caplog) -> None:
+    with caplog.at_level(logging.INFO):
+        pool = await load(tmp_path, helper=False)
+    drafts = pool.loaded_draft_models(pool.target_names()[0]).values()
+    assert [d.compiled.step.loaded for d in drafts] == [[], []]  # type: ignore[union-attr]
+    assert "compile helper" not in caplog.text
