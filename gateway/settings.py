@@ -87,13 +87,14 @@ class Settings:
     default because of the first start's time. A draft registered while the gateway runs
     stays eager. ``true``/``false`` mean on/off."""
     compile_helper: bool = True
-    """With ``GATEWAY_COMPILE`` on or auto and more than one model to compile on a machine
-    with 2 cores or more: at start, a helper process (``python -m
-    gateway.engine.precompile``) compiles the drafts and any further target while the
-    gateway compiles its first target, and the gateway then loads what the helper saved
-    (gateway/engine/precompile.py). A helper that fails costs nothing but the overlap:
-    what it did not save compiles in the gateway. ``false``: everything compiles in the
-    gateway, one model after the other."""
+    """With ``GATEWAY_COMPILE`` on or auto, models on the CPU and 2 cores or more: at a
+    start where the first target has steps to compile, a helper process (``python -m
+    gateway.engine.precompile``) compiles the other models' missing steps (its drafts, any
+    further target) meanwhile; the gateway waits for it once the first target is compiled,
+    then loads what it saved (gateway/engine/precompile.py). A helper that fails leaves
+    what it did not save to the gateway, which compiles it as without a helper; one that
+    runs past 30 minutes is killed. ``false``: every model compiles in the gateway, one
+    after the other."""
     cuda_graphs: str = "off"
     """On a CUDA device: ``off``, ``on`` or ``auto``: pad the batch path's decode steps to
     buckets of rows x tokens x key span and replay them as captured CUDA graphs

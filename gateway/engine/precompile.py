@@ -67,9 +67,8 @@ class Job:
 class Helper:
     """A running helper process; its output goes to this process's log, line by line."""
 
-    def __init__(self, process: subprocess.Popen[str], jobs: list[Job]) -> None:
+    def __init__(self, process: subprocess.Popen[str]) -> None:
         self.process = process
-        self.paths = frozenset(j.path for j in jobs)
         assert process.stdout is not None
         self._reader = threading.Thread(
             target=_relay, args=(process.stdout,), name="compile-helper-log", daemon=True
@@ -91,6 +90,13 @@ class Helper:
             log.warning("compile helper failed (exit %d): what it did not save compiles here", code)
         return code == 0
 
+    def kill(self) -> None:
+        """Stop the helper (the start it served failed) and reap it."""
+        if self.process.poll() is None:
+            self.process.kill()
+            log.info("compile helper stopped")
+        self.process.wait()
+
 
 def start(jobs: list[Job], store: Path, threads: int | None = None) -> Helper:
     """A helper process compiling `jobs` into `store`, with `threads` torch threads (default
@@ -105,13 +111,13 @@ def start(jobs: list[Job], store: Path, threads: int | None = None) -> Helper:
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway.engine.precompile"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=env,
+        errors="replace", env=env,  # undecodable output must not stop the relay (and the pipe)
     )  # fmt: skip
     assert process.stdin is not None
     process.stdin.write(json.dumps(spec))
     process.stdin.close()
     log.info("compile helper (pid %d) compiling %d model(s) alongside", process.pid, len(jobs))
-    return Helper(process, jobs)
+    return Helper(process)
 
 
 def _relay(stream: IO[str]) -> None:
@@ -129,17 +135,23 @@ def main() -> int:
     spec = json.load(sys.stdin)
     init_torch_thread(int(spec["threads"]))
     store = Path(spec["store"])
+    failed = 0
     for raw in spec["jobs"]:
         job = Job(**raw)
-        lm = load_model(
-            job.path, job.device, job.dtype, draft_vocab=job.draft_vocab,
-            cpu_linear=job.weight_major,
-        )  # fmt: skip
-        _, seconds = compiled_model(
-            lm, job.rows, job.draft, progress=lambda m: print(m, flush=True), store=store
-        )
+        try:  # a job that fails leaves its model to the caller; the next ones still run
+            lm = load_model(
+                job.path, job.device, job.dtype, draft_vocab=job.draft_vocab,
+                cpu_linear=job.weight_major,
+            )  # fmt: skip
+            _, seconds = compiled_model(
+                lm, job.rows, job.draft, progress=lambda m: print(m, flush=True), store=store
+            )
+        except Exception as exc:
+            failed += 1
+            print(f"{job.path}: not compiled ({type(exc).__name__}: {exc})", flush=True)
+            continue
         print(f"{job.path}: compiled in {seconds:.1f} s", flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -76,7 +76,6 @@ class ModelPool:
         self.compile_store = compile_store
         self.compile_helper = compile_helper
         self._preloaded: dict[tuple[str, str], LoadedModel] = {}  # loaded, not yet served
-        self._helper: precompile.Helper | None = None
         self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
         self._started = False
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
@@ -100,42 +99,70 @@ class ModelPool:
 
     async def load_targets(self) -> None:
         """Load every target (and, when compiling or capturing, every draft) before serving."""
+        helper = None
         if self.compile_helper and self.compile_store is not None and self.compile_mode != "off":
-            await self._compile_alongside()
-        for entry in self.manifest.targets():
-            _, engine = await self.target(entry.name)
-            if any(self._fast(engine.target)):
-                for version in self.draft_versions(entry.name):
-                    await self.draft(entry.name, version)
+            helper = await self._compile_alongside(self.compile_store)
+        try:
+            for entry in self.manifest.targets():
+                _, engine = await self.target(entry.name)
+                if helper is not None:  # the first target is compiled: the rest is stored
+                    await asyncio.to_thread(helper.wait, HELPER_TIMEOUT)
+                    helper = None
+                if any(self._fast(engine.target)):
+                    for version in self.draft_versions(entry.name):
+                        await self.draft(entry.name, version)
+        finally:
+            if helper is not None:  # the start failed: the helper's work is moot
+                helper.kill()
         self._started = True
 
-    async def _compile_alongside(self) -> None:
+    async def _compile_alongside(self, store: Path) -> precompile.Helper | None:
         """Load every target and its drafts now (each model's linear forward decided here),
-        then, when the first target has steps to compile, start a helper process that
-        compiles the others' missing steps into the store meanwhile (engine/precompile.py);
-        compiling the others waits for the helper, then loads what it saved. A restart,
-        whose steps are all stored, starts none (it would only cost its own start)."""
-        store = self.compile_store
-        assert store is not None
+        then, when the first target has steps to compile on a CPU, start a helper process
+        that compiles the other models' missing steps into the store meanwhile
+        (engine/precompile.py); `load_targets` waits for it once the first target is
+        compiled, and compiling the others loads what it saved. None: no helper (a restart,
+        whose steps are all stored, would only pay its start; a GPU would hold every
+        model twice; or planning it failed: everything compiles here, as without it)."""
+        try:
+            models: list[tuple[LoadedModel, bool]] = []  # (model, draft) in compile order
+            for entry in {e.name: e for e in self.manifest.targets()}.values():  # as target()
+                models.append((await self._preload(entry, draft_vocab=False), False))
+                for draft_entry in self.manifest.drafts_for(entry.name):
+                    models.append((await self._preload(draft_entry, draft_vocab=True), True))
+            # on the inference thread: the fingerprints and the helper's thread count are
+            # that thread's
+            helper: precompile.Helper | None = await self._run(
+                lambda: self._start_helper(models, store)
+            )
+            return helper
+        except Exception as exc:  # a helper is an optimisation: never a reason not to start
+            log.warning("no compile helper (%s: %s): every model compiles here",
+                        type(exc).__name__, exc)  # fmt: skip
+            return None
+
+    def _start_helper(
+        self, models: list[tuple[LoadedModel, bool]], store: Path
+    ) -> precompile.Helper | None:
+        """The helper for `models` (every target, each followed by its drafts) but the
+        first, or None when it would not overlap anything (see `_compile_alongside`)."""
+        compile_rows = self.compile_rows
+        if compile_rows is None or (os.cpu_count() or 1) < 2:
+            return None
+        if any(m.device.type != "cpu" or not self._fast(m)[0] for m, _ in models):
+            return None
         jobs: list[precompile.Job] = []
-        first, busy = True, False  # busy: the first target has steps to compile here
-        for entry in {e.name: e for e in self.manifest.targets()}.values():  # as target()
-            target = await self._preload(entry, draft_vocab=False)
-            if self.compile_rows is None or not self._fast(target)[0]:
+        rows, busy = 0, False  # busy: the first target has steps to compile here
+        for i, (model, draft) in enumerate(models):
+            if not draft:  # a draft is compiled for its target's rows
+                rows = compile_rows(model.context_length)
+            if stored(model, rows, draft, store):
                 continue
-            rows = self.compile_rows(target.context_length)
-            if first:  # compiles here
-                busy = not stored(target, rows, False, store)
-            elif not stored(target, rows, False, store):
-                jobs.append(precompile.Job.of(target, rows, draft=False))
-            first = False
-            for draft_entry in self.manifest.drafts_for(entry.name):
-                draft = await self._preload(draft_entry, draft_vocab=True)
-                if not stored(draft, rows, True, store):  # a restart only loads them
-                    jobs.append(precompile.Job.of(draft, rows, draft=True))
-        if not (jobs and busy) or (os.cpu_count() or 1) < 2:
-            return  # nothing to overlap: what needs compiling compiles here
-        self._helper = await self._run(lambda: precompile.start(jobs, store))
+            if i == 0:
+                busy = True
+            else:
+                jobs.append(precompile.Job.of(model, rows, draft))
+        return precompile.start(jobs, store) if busy and jobs else None
 
     async def _preload(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
         await asyncio.to_thread(verify_sha256, entry)
@@ -206,10 +233,6 @@ class ModelPool:
                 entry.name, entry.version,
             )  # fmt: skip
             return model
-        helper = self._helper
-        if helper is not None and model.path in helper.paths:  # it compiled this one
-            self._helper = None
-            helper.wait(HELPER_TIMEOUT)
         rows = self.compile_rows(context)
         measure = (inductor and self.compile_mode == "auto") or (
             graphs and self.graphs_mode == "auto"

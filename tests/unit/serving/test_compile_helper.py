@@ -4,7 +4,13 @@ compiles its target, and the pool then loads the drafts' steps the helper saved.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
+import pytest
+
+from gateway.engine import precompile
+from gateway.engine.precompile import Helper
 from gateway.serving.models import ModelPool
 from gateway.serving.worker import InferenceWorker
 from models_registry.manifest import load_manifest
@@ -64,3 +70,49 @@ async def test_without_the_helper_every_model_compiles_here(tmp_path, caplog) ->
     drafts = pool.loaded_draft_models(pool.target_names()[0]).values()
     assert [d.compiled.step.loaded for d in drafts] == [[], []]  # type: ignore[union-attr]
     assert "compile helper" not in caplog.text
+
+
+def fake_helper(code: str) -> Helper:
+    """A helper process that runs `code` instead of compiling."""
+    command = [sys.executable, "-c", code]
+    out = subprocess.PIPE
+    return Helper(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True))
+
+
+@pytest.mark.parametrize("broken", ["exits", "cannot start"])
+async def test_a_broken_helper_leaves_every_model_to_compile_here(
+    tmp_path, caplog, monkeypatch, broken
+) -> None:
+    def start(jobs, store):  # type: ignore[no-untyped-def]
+        if broken == "cannot start":
+            raise OSError("no processes left")
+        return fake_helper("print('boom'); raise SystemExit(3)")
+
+    monkeypatch.setattr(precompile, "start", start)
+    with caplog.at_level(logging.INFO):
+        pool = await load(tmp_path, helper=True)
+    drafts = pool.loaded_draft_models(pool.target_names()[0]).values()
+    assert [d.compiled.step.loaded for d in drafts] == [[], []]  # type: ignore[union-attr]
+    assert all(d.compiled.step.fns for d in drafts)  # type: ignore[union-attr]  # compiled
+    if broken == "exits":
+        assert "compile helper failed (exit 3)" in caplog.text
+        assert "compile helper: boom" in caplog.text
+    else:
+        assert "no compile helper (OSError: no processes left)" in caplog.text
+
+
+async def test_a_start_that_fails_stops_its_helper(tmp_path, monkeypatch) -> None:
+    helpers: list[Helper] = []
+
+    def start(jobs, store):  # type: ignore[no-untyped-def]
+        helpers.append(fake_helper("import time; time.sleep(120)"))
+        return helpers[-1]
+
+    def load_target(self, entry, model):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the target does not load")
+
+    monkeypatch.setattr(precompile, "start", start)
+    monkeypatch.setattr(ModelPool, "_load_target", load_target)
+    with pytest.raises(RuntimeError, match="does not load"):
+        await load(tmp_path, helper=True)
+    assert len(helpers) == 1 and helpers[0].process.returncode is not None  # killed, reaped
