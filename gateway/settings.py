@@ -80,7 +80,7 @@ class Settings:
     kind of step (one row x one token or several, several rows x one or several) compiled
     and eager on this device and serves compiled only the kinds where it measured at least
     3% faster (a model where none did runs eager; the log says which). On a 2-core CPU the
-    demo gateway was ready 75 s after a cold start (88 s without GATEWAY_COMPILE_HELPER);
+    demo gateway was ready 69 s after a cold start (86 s without GATEWAY_COMPILE_HELPER);
     the compiled steps are saved (var/compile-cache unless TORCHINDUCTOR_CACHE_DIR is set:
     inductor's cache and precompiled/) and a restart loads them (ready in about 9 s). It
     decoded 1.2-1.4x faster at 8 rows, 1.0-1.4x at 1 row (README, "Compiled step"). Off by
