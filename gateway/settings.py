@@ -24,7 +24,8 @@ class Settings:
     port: int = 8000
     """TCP port of the HTTP server."""
     database_url: str = f"sqlite+aiosqlite:///{ROOT / 'var' / 'gateway.db'}"
-    """Any SQLAlchemy async URL; PostgreSQL via postgresql+asyncpg://user@host/db."""
+    """Any SQLAlchemy async URL; PostgreSQL via postgresql+asyncpg://user@host/db. Unset,
+    SQLite in ``var_dir`` (gateway.db)."""
     migrate_on_start: bool = True
     """Run Alembic upgrade head at start (production runs the migrate job instead)."""
     admin_key: str | None = None
@@ -143,7 +144,8 @@ class Settings:
     log_level: str = "info"
     """Log level of the JSON logs (debug, info, warning, error)."""
     var_dir: str = str(ROOT / "var")
-    """Folder for local state (SQLite database, admin key hash)."""
+    """Folder for local state: the SQLite database unless ``database_url`` is set, the admin
+    key hash, the compile cache (``compile-cache/``) and the linear verdicts."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Settings:
@@ -155,6 +157,10 @@ class Settings:
                 continue
             values[f.name] = _parse(raw, f.type, f"GATEWAY_{f.name.upper()}")
         values.update(overrides)
+        if "var_dir" in values and "database_url" not in values:  # its database goes along
+            values["database_url"] = (
+                f"sqlite+aiosqlite:///{Path(str(values['var_dir'])) / 'gateway.db'}"
+            )
         return cls(**values)  # type: ignore[arg-type]
 
 

@@ -6,10 +6,10 @@
     python -m gateway.database purge [--now ISO]  # delete expired payloads
     python -m gateway.database upgrade           # alembic upgrade head (production job)
 
-URL: ``--database-url``, else env ``GATEWAY_DATABASE_URL``, else
-``sqlite+aiosqlite:///var/gateway.db``. Filters: --tenant, --since/--until (ISO 8601; naive
-means UTC), --mode, --target-model, --target-version, --draft-model, --draft-version,
---status, --decision-id. Progress goes to stderr.
+URL: ``--database-url``, else env ``GATEWAY_DATABASE_URL``, else gateway.db in env
+``GATEWAY_VAR_DIR`` (as the gateway), else ``sqlite+aiosqlite:///var/gateway.db``.
+Filters: --tenant, --since/--until (ISO 8601; naive means UTC), --mode, --target-model,
+--target-version, --draft-model, --draft-version, --status, --decision-id. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 
 from gateway.database.audit.queries import csv_line
@@ -49,11 +50,19 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decision-id")
 
 
+def default_url(env: Mapping[str, str]) -> str:
+    """The gateway's own default: GATEWAY_DATABASE_URL, else gateway.db in GATEWAY_VAR_DIR,
+    else DEFAULT_URL."""
+    if "GATEWAY_DATABASE_URL" in env:
+        return env["GATEWAY_DATABASE_URL"]
+    if "GATEWAY_VAR_DIR" in env:
+        return f"sqlite+aiosqlite:///{Path(env['GATEWAY_VAR_DIR']) / 'gateway.db'}"
+    return DEFAULT_URL
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gateway.database", description=__doc__)
-    parser.add_argument(
-        "--database-url", default=os.environ.get("GATEWAY_DATABASE_URL", DEFAULT_URL)
-    )
+    parser.add_argument("--database-url", default=default_url(os.environ))
     sub = parser.add_subparsers(dest="command", required=True)
     export = sub.add_parser("export", help="stream records as JSON lines or CSV")
     export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")

@@ -81,3 +81,14 @@ def test_upgrade_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("GATEWAY_DATABASE_URL", f"sqlite+aiosqlite:///{tmp_path}/env.db")
     assert main(["upgrade"]) == 0
     assert main(["verify"]) == 0
+
+
+def test_the_cli_finds_the_gateway_database_where_the_gateway_keeps_it(tmp_path) -> None:
+    from gateway.database.cli import default_url
+
+    assert default_url({"GATEWAY_VAR_DIR": str(tmp_path)}) == (
+        f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}"
+    )  # as Settings.from_env
+    assert default_url({"GATEWAY_VAR_DIR": "x", "GATEWAY_DATABASE_URL": "postgresql://h/db"}) == (
+        "postgresql://h/db"
+    )

@@ -1,5 +1,6 @@
 """GATEWAY_COMPILE is off, on or auto (true/false: on/off), and a typo in it or in any
-boolean setting is an error at start, not a silently disabled feature."""
+boolean setting is an error at start, not a silently disabled feature; a var folder takes the
+default database along."""
 
 from __future__ import annotations
 
@@ -46,3 +47,13 @@ def test_cuda_graphs_are_off_by_default_and_refuse_a_typo() -> None:
     assert _graphs_mode(Settings.from_env({"GATEWAY_CUDA_GRAPHS": "false"}).cuda_graphs) == "off"
     with pytest.raises(ValueError, match="GATEWAY_CUDA_GRAPHS must be off, on or auto"):
         _graphs_mode(Settings.from_env({"GATEWAY_CUDA_GRAPHS": "graphs"}).cuda_graphs)
+
+
+def test_the_default_database_lives_in_the_var_folder(tmp_path) -> None:
+    moved = Settings.from_env({"GATEWAY_VAR_DIR": str(tmp_path)})
+    assert moved.database_url == f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}"
+    chosen = Settings.from_env(
+        {"GATEWAY_VAR_DIR": str(tmp_path), "GATEWAY_DATABASE_URL": "sqlite+aiosqlite:///x.db"}
+    )
+    assert chosen.database_url == "sqlite+aiosqlite:///x.db"  # an explicit URL wins
+    assert Settings.from_env({}).database_url.endswith("/var/gateway.db")
