@@ -81,7 +81,7 @@ class Settings:
     kind of step (one row x one token or several, several rows x one or several) compiled
     and eager on this device and serves compiled only the kinds where it measured at least
     3% faster (a model where none did runs eager; the log says which). On a 2-core CPU the
-    demo gateway was ready 69 s after a cold start (86 s without GATEWAY_COMPILE_HELPER);
+    demo gateway was ready 63-74 s after a cold start (91-95 s without GATEWAY_COMPILE_HELPER);
     the compiled steps are saved (var/compile-cache unless TORCHINDUCTOR_CACHE_DIR is set:
     inductor's cache and precompiled/) and a restart loads them (ready in about 9 s). It
     decoded 1.2-1.4x faster at 8 rows, 1.0-1.4x at 1 row (README, "Compiled step"). Off by
@@ -90,9 +90,10 @@ class Settings:
     compile_helper: bool = True
     """With ``GATEWAY_COMPILE`` on or auto, models on the CPU and 2 cores or more: at a
     start where the first target has steps to compile, a helper process (``python -m
-    gateway.engine.precompile``) compiles the other models' missing steps (its drafts, any
-    further target) meanwhile; the gateway waits for it once the first target is compiled,
-    then loads what it saved (gateway/engine/precompile.py). A helper that fails leaves
+    gateway.engine.precompile``) compiles one kind of that target's step and the other
+    models' missing steps (its drafts, any further target) meanwhile; the gateway compiles
+    the target's other kinds, waits for the helper, then loads what it saved
+    (gateway/engine/precompile.py). A helper that fails leaves
     what it did not save to the gateway, which compiles it as without a helper; one that
     runs past 30 minutes is killed. ``false``: every model compiles in the gateway, one
     after the other."""

@@ -58,6 +58,7 @@ log = logging.getLogger("gateway.engine.compiled")
 
 MAX_TOKENS = 16  # tokens a row feeds in a compiled step; longer feeds (prefill) run eager
 KINDS = frozenset({"1x1", "1xN", "Bx1", "BxN"})
+Later = tuple[frozenset[str], Callable[[], object]]  # (kinds, wait): warm_up's `then`
 FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share of eager's
 
 
@@ -242,14 +243,20 @@ def _artifact(store: Path, fingerprint: str, name: str) -> Path:
     return store / f"step-{fingerprint}-{name}.pt"
 
 
-def stored(lm: LoadedModel, max_rows: int, draft: bool, store: Path) -> bool:
-    """Whether `store` holds every kind of step that `compiled_model(lm, max_rows, draft,
-    store=store)` compiles (so it would only load them); True for a model that is not
-    compiled."""
+def stored(
+    lm: LoadedModel, max_rows: int, draft: bool, store: Path, kinds: frozenset[str] | None = None
+) -> bool:
+    """Whether `store` holds every kind of step (of `kinds`, default all) that
+    `compiled_model(lm, max_rows, draft, store=store)` compiles (so it would only load
+    them); True for a model that is not compiled."""
     if lm.decoder is None:
         return True
     fingerprint = _fingerprint(lm.decoder, draft, draft and lm.draft_head is not None)
-    return all(_artifact(store, fingerprint, kind(b, t)).exists() for b, t in _warm_kinds(max_rows))
+    return all(
+        _artifact(store, fingerprint, kind(b, t)).exists()
+        for b, t in _warm_kinds(max_rows)
+        if kinds is None or kind(b, t) in kinds
+    )
 
 
 def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
@@ -342,6 +349,7 @@ def compiled_model(
     lm: LoadedModel, max_rows: int, draft: bool = False,
     progress: Callable[[str], None] = log.info, measure: bool = False,
     inductor: bool = True, graphs: bool = False, store: Path | None = None,
+    kinds: frozenset[str] | None = None, then: Later | None = None,
 ) -> tuple[LoadedModel, float]:  # fmt: skip
     """``lm`` with its compiled step (a draft's: drafting, with its reduced head's backbone
     if it has one; a target's: verify), every kind of step already compiled on a slot cache
@@ -354,7 +362,7 @@ def compiled_model(
     (GATEWAY_COMPILE=auto), each kind is then timed compiled and eager and only the kinds
     where compiling measured faster are served compiled; where none is, ``lm`` comes back
     eager. Raises ValueError for a model without a lean decoder (its family was not
-    checked, batch/decoder.py): it runs eager."""
+    checked, batch/decoder.py): it runs eager. `kinds` and `then`: see `warm_up`."""
     if lm.decoder is None:
         raise ValueError("only models the lean decoder runs are compiled (Llama, Mistral, Qwen2)")
     backbone = draft and lm.draft_head is not None
@@ -365,7 +373,7 @@ def compiled_model(
     out = replace(lm, compiled=fast)
     t0 = time.perf_counter()
     if inductor:
-        warm_up(out, max_rows, progress)
+        warm_up(out, max_rows, progress, kinds, then)
         step = fast.step if fast.graphs is None else fast.graphs.step
         if isinstance(step, Precompiled):
 
@@ -437,23 +445,43 @@ def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str,
     return ratios
 
 
-def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = log.info) -> float:
+def warm_up(
+    lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = log.info,
+    kinds: frozenset[str] | None = None, then: Later | None = None,
+) -> float:  # fmt: skip
     """Trace and compile every kind of step a batch of `max_rows` rows runs (one row x one
     token, one row x several tokens, and with two rows or more several rows x one and
     several x several) on a scratch cache shaped like the batch's; returns the seconds
-    spent."""
+    spent. `kinds`: only these (a compile helper's share of a model, engine/precompile.py).
+    `then` (kinds, wait): those kinds last, after calling wait() (a helper compiled them
+    into the store meanwhile: they load)."""
     from gateway.engine.batch.forward import batched_forward
     from gateway.engine.models import cache_kwarg
 
     fast = lm.compiled
     assert fast is not None
     model, kwarg = lm.model, cache_kwarg(lm.model)
-    kinds = _warm_kinds(max_rows)
+    order: list[tuple[int, int] | None] = [
+        k for k in _warm_kinds(max_rows) if kinds is None or kind(*k) in kinds
+    ]
+    if then is not None:  # None marks the wait
+        order = (
+            [k for k in order if k is None or kind(*k) not in then[0]]
+            + [None]
+            + [k for k in order if k is not None and kind(*k) in then[0]]
+        )
+    count = sum(k is not None for k in order)
     t0 = time.perf_counter()
     fill = [[1, 2, 3], [1, 2, 3, 4]][:max_rows]  # rows of different lengths, as in a batch
     with torch.inference_mode():
         cache, slots = _scratch(lm, max_rows, fill)
-        for i, (rows, t) in enumerate(kinds, 1):
+        done = 0
+        for step in order:
+            if step is None:
+                assert then is not None
+                then[1]()
+                continue
+            rows, t = step
             for s, f in zip(slots, fill, strict=True):
                 cache.length[s] = len(f)
             batched_forward(
@@ -461,8 +489,9 @@ def warm_up(lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = lo
                 keep_last=fast.keep_last, backbone=fast.backbone, compiled=fast,
                 decoder=lm.decoder,
             )  # fmt: skip
+            done += 1
             progress(
-                f"compiling {lm.path}: step kind {i}/{len(kinds)} ({rows} row(s) x {t} "
+                f"compiling {lm.path}: step kind {done}/{count} ({rows} row(s) x {t} "
                 f"token(s)), {time.perf_counter() - t0:.1f} s"
             )
     return time.perf_counter() - t0

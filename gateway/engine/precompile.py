@@ -7,7 +7,8 @@ alone) compiled side by side in 58 s of wall time, against 72 s one after the ot
 
 How: the caller (serving/models.py) loads every model first, so the linear forward of
 each is decided once, in this process (engine/cpu_linear.py), then `start`s a helper
-with the jobs of every model but the one it compiles itself. The helper
+with one kind of step of the model it compiles itself (`Job.kinds`; the shares come out
+about even) and the jobs of every other model. The helper
 (`python -m gateway.engine.precompile`) loads each model the same way and runs
 `compiled_model` with the same store (engine/compiled.py, Precompiled), which saves each
 kind of step. When the caller is done with its own model it `wait`s, and compiling the
@@ -52,15 +53,17 @@ class Job:
     weight_major: bool
     rows: int
     draft: bool
+    kinds: tuple[str, ...] = ()
+    """Only these kinds of step (engine/compiled.py `kind`); empty: every kind."""
 
     @classmethod
-    def of(cls, lm: LoadedModel, rows: int, draft: bool) -> Job:
+    def of(cls, lm: LoadedModel, rows: int, draft: bool, kinds: tuple[str, ...] = ()) -> Job:
         """The job that compiles `lm` as the caller will: its linear forward as it was
         decided here, its reduced drafting head if it has one."""
         return cls(
             path=lm.path, device=str(lm.device), dtype=str(lm.dtype).removeprefix("torch."),
             draft_vocab=lm.draft_head is not None, weight_major=uses_weight_major(lm.model),
-            rows=rows, draft=draft,
+            rows=rows, draft=draft, kinds=kinds,
         )  # fmt: skip
 
 
@@ -137,15 +140,16 @@ def main() -> int:
     store = Path(spec["store"])
     failed = 0
     for raw in spec["jobs"]:
-        job = Job(**raw)
+        job = Job(**{**raw, "kinds": tuple(raw.get("kinds", ()))})
         try:  # a job that fails leaves its model to the caller; the next ones still run
             lm = load_model(
                 job.path, job.device, job.dtype, draft_vocab=job.draft_vocab,
                 cpu_linear=job.weight_major,
             )  # fmt: skip
             _, seconds = compiled_model(
-                lm, job.rows, job.draft, progress=lambda m: print(m, flush=True), store=store
-            )
+                lm, job.rows, job.draft, progress=lambda m: print(m, flush=True), store=store,
+                kinds=frozenset(job.kinds) or None,
+            )  # fmt: skip
         except Exception as exc:
             failed += 1
             print(f"{job.path}: not compiled ({type(exc).__name__}: {exc})", flush=True)
