@@ -40,7 +40,7 @@ cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 keep_verdicts(cache / "linear-verdicts.json")  # as the gateway: the restart keeps the forms
 pair = load_pair()
 def weight_major(lm):
-    return getattr(lm.model.lm_head.forward, "__func__", None) is cpu_linear.forward
+    return cpu_linear.uses_weight_major(lm.model)
 t0 = time.perf_counter()
 store = cache / "precompiled"  # as the gateway's
 fast_target, t_target = compiled_model(pair.target, 8, progress=lambda m: None, store=store)

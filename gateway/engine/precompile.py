@@ -101,13 +101,13 @@ class Helper:
         self.process.wait()
 
 
-def start(jobs: list[Job], store: Path, threads: int | None = None) -> Helper:
-    """A helper process compiling `jobs` into `store`, with `threads` torch threads (default
-    this process's count: the thread count is part of a stored step's fingerprint)."""
+def start(jobs: list[Job], store: Path) -> Helper:
+    """A helper process compiling `jobs` into `store`, with the calling thread's torch
+    thread count (part of a stored step's fingerprint)."""
     spec = {
         "jobs": [asdict(j) for j in jobs],
         "store": str(store),
-        "threads": threads if threads is not None else torch.get_num_threads(),
+        "threads": torch.get_num_threads(),
     }
     env = dict(os.environ)  # the helper imports this gateway's code, wherever it runs from
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)

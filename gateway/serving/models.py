@@ -66,8 +66,9 @@ class ModelPool:
         inference thread. auto: serve fast only the kinds of step that measured faster
         (engine/compiled.py, measure_kinds). compile_store: where compiled steps are kept
         for the next start (engine/compiled.py, Precompiled). compile_helper
-        (GATEWAY_COMPILE_HELPER), with a store: at start, a helper process compiles every
-        model but the first while the first compiles here (engine/precompile.py)."""
+        (GATEWAY_COMPILE_HELPER), with a store: at start, a helper process compiles the
+        other models and one kind of the first target while the first compiles here
+        (engine/precompile.py; `_compile_alongside`)."""
         self.manifest = manifest
         self.device = device
         self.dtype = dtype
@@ -177,12 +178,14 @@ class ModelPool:
 
     async def _preload(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
         await asyncio.to_thread(verify_sha256, entry)
-        path, linear = str(entry.path), self.cpu_linear
-        model: LoadedModel = await self._run(
-            lambda: load_model(path, self.device, self.dtype, draft_vocab, linear)
-        )
+        model: LoadedModel = await self._run(lambda: self._load(entry, draft_vocab))
         self._preloaded[(entry.name, entry.version)] = model
         return model
+
+    def _load(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
+        """The entry's model as the pool loads it (on the inference thread): a target
+        without its drafting head (draft_vocab False), a draft with it."""
+        return load_model(str(entry.path), self.device, self.dtype, draft_vocab, self.cpu_linear)
 
     # -- targets -----------------------------------------------------------------------
 
@@ -215,10 +218,7 @@ class ModelPool:
     def _load_target(self, entry: ModelEntry, model: LoadedModel | None) -> Engine:
         """On the inference thread; `model`: already loaded (`_preload`)."""
         if model is None:
-            model = load_model(
-                str(entry.path), self.device, self.dtype, draft_vocab=False,
-                cpu_linear=self.cpu_linear,
-            )  # fmt: skip
+            model = self._load(entry, draft_vocab=False)
         engine = Engine(self._compiled(model, entry, model.context_length, draft=False))
         self._probe(engine, None, entry)
         return engine
@@ -314,9 +314,7 @@ class ModelPool:
     ) -> LoadedModel:
         """On the inference thread; `model`: already loaded (`_preload`)."""
         if model is None:
-            model = load_model(
-                str(entry.path), device=self.device, dtype=self.dtype, cpu_linear=self.cpu_linear
-            )
+            model = self._load(entry, draft_vocab=True)
         check_pair(engine.target, model)
         model = self._compiled(model, entry, engine.target.context_length, draft=True)
         self._probe(engine, model, entry)
