@@ -54,7 +54,7 @@ def test_each_kind_traces_one_layer_and_reuses_its_code_for_the_others(tokenizer
     """The step's layers are one nested compile region: per kind of step, torch traces the
     first layer and stamps the others out of it (what halves a cold compile), also for a
     third model compiled in the process, and the compiled step gives the eager lean
-    decoder's logits (to rounding: fused kernels)."""
+    decoder's logits (to rounding: fused kernels, another attention kernel)."""
     from torch._dynamo.utils import compilation_time_metrics as timed
 
     from gateway.engine.batch.forward import batched_forward
@@ -84,6 +84,14 @@ def test_each_kind_traces_one_layer_and_reuses_its_code_for_the_others(tokenizer
                 ))  # fmt: skip
             for a, b in zip(*outs, strict=True):
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+        # on a CPU the step attends with the plain products inductor fuses, not torch's
+        # SDPA kernel (compiled._family: its fixed cost a call is most of a small step's)
+        cache, slots = caches[1]
+        with torch.profiler.profile() as prof:
+            batched_forward(lm.model, cache_kwarg(lm.model), cache, slots[:1], [[24]],
+                            lm.device, compiled=fast.compiled, decoder=lm.decoder)  # fmt: skip
+        ops = {e.name for e in prof.events()}
+        assert "aten::mm" in ops and not [n for n in ops if "scaled_dot_product" in n]
 
 
 def test_a_step_runs_compiled_only_for_the_kinds_kept() -> None:
