@@ -188,6 +188,7 @@ class Precompiled:
         self.store, self.fingerprint = store, fingerprint
         self.fns: dict[str, Any] = {}  # kind -> its AOTCompiledFunction (None: jit serves)
         self.loaded: list[str] = []  # kinds loaded from the store (the others compiled)
+        self.refused: set[str] = set()  # kinds whose artifact's guards refused a call
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
         name = kind(args[0].shape[0], args[0].shape[1])
@@ -206,6 +207,13 @@ class Precompiled:
                 self.fns[name] = None
                 if name in self.loaded:
                     self.loaded.remove(name)
+        elif fn is not None and name not in self.refused:  # said once a kind: not per step
+            self.refused.add(name)
+            log.warning(
+                "step kind %s: a call its precompiled step's guards refuse (inputs %s): "
+                "compiled just in time, which stalls serving while it compiles",
+                name, ", ".join(str(tuple(a.shape)) for a in args if isinstance(a, torch.Tensor)),
+            )  # fmt: skip
         return self.jit(*args)
 
     def _external(self) -> dict[str, Any]:

@@ -160,6 +160,32 @@ def test_a_precompiled_step_is_saved_then_loaded_without_tracing(
     assert counters["stats"]["unique_graphs"] == traced  # served by the loaded kinds
 
 
+def test_a_call_a_precompiled_step_refuses_runs_just_in_time_and_the_log_says_so_once(
+    tmp_path, caplog
+) -> None:
+    """A step its artifact's guards refuse (a shape it was not traced for) is served by the
+    just-in-time compile, which stalls serving while it compiles: the log says so, once per
+    kind, not once per step."""
+    import logging
+
+    from gateway.engine.compiled import Precompiled
+
+    class Artifact:  # accepts up to 4 tokens a row
+        def guard_check(self, ids: torch.Tensor) -> bool:
+            return ids.shape[1] <= 4
+
+        def __call__(self, ids: torch.Tensor) -> str:
+            return "artifact"
+
+    step = Precompiled(None, lambda ids: "jit", None, tmp_path, "x")  # type: ignore[arg-type]
+    step.fns["1xN"] = Artifact()
+    with caplog.at_level(logging.WARNING, "gateway.engine.compiled"):
+        got = [step(torch.zeros(1, t, dtype=torch.long)) for t in (3, 5, 6, 4)]
+    assert got == ["artifact", "jit", "jit", "artifact"]
+    said = [r.getMessage() for r in caplog.records if "guards refuse" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("step kind 1xN") and "(1, 5)" in said[0]
+
+
 def test_another_model_config_does_not_load_a_precompiled_step(model_dirs, tmp_path) -> None:
     target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
     draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
