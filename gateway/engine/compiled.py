@@ -2,12 +2,12 @@
 (batch/decoder.py), writing into and reading from the slot cache of batch/slots.py.
 
 Why: at the demo sizes an eager step is mostly per-op overhead; inductor fuses the norms,
-rotary embeddings, activations, residuals and (on a CPU) the attention's softmax around
-the matrix products and runs a layer as a few generated kernels. The lean decoder is what
-is compiled, not transformers' model forward: it is a plain function of tensors (its cache
-writes are index_put_ into the pre-allocated slot buffers, its reads a gather of the
-step's rows up to the key span), so it traces into one graph without breaks, and
-compiles several times faster. Each layer is a nested compile region (`_layer`): traced
+rotary embeddings, activations, residuals (and in a one-token step on a CPU the attention's
+softmax) around the matrix products and runs a layer as a few generated kernels. The
+lean decoder is what is compiled, not transformers' model forward: it is a plain function
+of tensors (its cache writes are index_put_ into the pre-allocated slot buffers, its reads
+a gather of the step's rows up to the key span), so it traces into one graph without
+breaks, and compiles several times faster. Each layer is a nested compile region (`_layer`): traced
 and compiled once per kind of step and reused by the other layers, which halves a cold
 compile of the demo target.
 
@@ -125,7 +125,7 @@ def _step(
         torch._check(buffer.shape[3] == size)
     h = inner.embed_tokens.forward(ids)  # (B, T, H)
     cos, sin = inner.rotary_emb.forward(h, position_ids)
-    family = _family(lean)
+    family = _family(lean, ids.shape[1])
     for i, layer in enumerate(lean._layers):
         h = _layer(layer, family, h, cos, sin, mask, keys[i], values[i], rows, positions)
     if keep_last:
@@ -133,17 +133,19 @@ def _step(
     return lean.head(h, backbone)
 
 
-def _family(lean: LeanDecoder) -> Family:
-    """The rotary and attention functions the compiled step calls. On a CPU, the family's
-    plain attention (matrix product, softmax, matrix product, which inductor fuses around
-    two small products) instead of the model's (SDPA): torch's CPU SDPA kernel costs tens of
-    microseconds a call at decode sizes, most of it fixed overhead, and a step calls it
-    once a layer. On the demo target, 128 cached tokens a row, the compiled step took
-    0.88 (1 row x 1 token), 0.98 (1 x 5), 0.86 (8 x 1) and 0.99 (8 x 5) of its time with
-    SDPA (one process, alternating calls; the demo draft, one layer: 1.00). Elsewhere
-    (CUDA, never measured here), the model's own."""
+def _family(lean: LeanDecoder, tokens: int) -> Family:
+    """The rotary and attention functions a compiled step of `tokens` tokens a row calls.
+    One token a row on a CPU: the family's plain attention (matrix product, softmax, matrix
+    product, which inductor fuses around two small products) instead of the model's
+    (SDPA), whose CPU kernel costs tens of microseconds a call at decode sizes, most of it
+    fixed, once a layer. On the demo target, 128 cached tokens a row, the compiled step
+    took 0.88 (1 row) and 0.86 (8 rows) of its time with SDPA (one process, alternating
+    calls). Several tokens a row keep SDPA: there the plain form measured 0.98-0.99, and
+    it costs a cold compile one more C++ kernel per kind. Elsewhere (CUDA, never measured
+    here), the model's own. (`tokens` is 1 exactly in the one-token kinds: torch
+    specialises sizes of 1, so the choice is made once, at trace time.)"""
     cpu = next(lean.model.parameters()).device.type == "cpu"
-    return lean.plain if cpu else lean.family
+    return lean.plain if cpu and tokens == 1 else lean.family
 
 
 @torch.compiler.nested_compile_region
@@ -219,7 +221,8 @@ class Precompiled:
     def _external(self) -> dict[str, Any]:
         """The objects the step reaches that are not saved with it: the model's modules."""
         lean = self.lean
-        out: dict[str, Any] = {"lean": lean, "layers": lean._layers, "family": _family(lean)}
+        out: dict[str, Any] = {"lean": lean, "layers": lean._layers}
+        out.update(family=lean.family, plain=lean.plain)
         out.update({f"module:{n}": m for n, m in lean.model.named_modules()})
         return out
 
@@ -307,8 +310,8 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
         torch.__version__, transformers.__version__, model.config.to_json_string(),
         str(getattr(model.config, "_attn_implementation", None)), str(weight.dtype),
         str(weight.device), named(lean._layers[0].self_attn.q_proj.forward),
-        named(_family(lean).attention), named(_family(lean).rotary), str(keep_last),
-        str(backbone),
+        named(lean.family.attention), named(lean.plain.attention), named(lean.family.rotary),
+        str(keep_last), str(backbone),
         *machine_identity(), str(torch.get_default_dtype()),
         repr(sorted(inductor.items(), key=lambda kv: kv[0])),
         repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_"))),
