@@ -139,8 +139,8 @@ def _family(lean: LeanDecoder, tokens: int) -> Family:
     product, which inductor fuses around two small products) instead of the model's
     (SDPA), whose CPU kernel costs tens of microseconds a call at decode sizes, most of it
     fixed, once a layer. On the demo target, 128 cached tokens a row, the compiled step
-    took 0.88 (1 row) and 0.86 (8 rows) of its time with SDPA (one process, alternating
-    calls). Several tokens a row keep SDPA: there the plain form measured 0.98-0.99, and
+    took 0.86 (1 row) and 0.87 (8 rows) of its time with SDPA (one process, alternating
+    calls, an Intel Xeon with AMX, 2 cores). Several tokens a row keep SDPA: there the plain form measured 0.98-0.99, and
     it costs a cold compile one more C++ kernel per kind. Elsewhere (CUDA, never measured
     here), the model's own. (`tokens` is 1 exactly in the one-token kinds: torch
     specialises sizes of 1, so the choice is made once, at trace time.)"""
