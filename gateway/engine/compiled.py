@@ -7,9 +7,9 @@ softmax) around the matrix products and runs a layer as a few generated kernels.
 lean decoder is what is compiled, not transformers' model forward: it is a plain function
 of tensors (its cache writes are index_put_ into the pre-allocated slot buffers, its reads
 a gather of the step's rows up to the key span), so it traces into one graph without
-breaks, and compiles several times faster. Each layer is a nested compile region (`_layer`): traced
-and compiled once per kind of step and reused by the other layers, which halves a cold
-compile of the demo target.
+breaks, and compiles several times faster. Each layer is a nested compile region
+(`_layer`): traced and compiled once per kind of step and reused by the other layers,
+which halves a cold compile of the demo target.
 
 Which steps: decode and verify steps of the target (each row's logits at every fed
 position) and drafting steps of a draft (the last position's logits, or hidden states for
@@ -140,10 +140,10 @@ def _family(lean: LeanDecoder, tokens: int) -> Family:
     (SDPA), whose CPU kernel costs tens of microseconds a call at decode sizes, most of it
     fixed, once a layer. On the demo target, 128 cached tokens a row, the compiled step
     took 0.86 (1 row) and 0.87 (8 rows) of its time with SDPA (one process, alternating
-    calls, an Intel Xeon with AMX, 2 cores). Several tokens a row keep SDPA: there the plain form measured 0.98-0.99, and
-    it costs a cold compile one more C++ kernel per kind. Elsewhere (CUDA, never measured
-    here), the model's own. (`tokens` is 1 exactly in the one-token kinds: torch
-    specialises sizes of 1, so the choice is made once, at trace time.)"""
+    calls, an Intel Xeon with AMX, 2 cores). Several tokens a row keep SDPA: there the
+    plain form measured 0.98-1.02, and it gave a cold compile one more C++ kernel per kind.
+    Elsewhere (CUDA, never measured here), the model's own. (`tokens` is 1 exactly in the
+    one-token kinds: torch specialises sizes of 1, so the choice is made at trace time.)"""
     cpu = next(lean.model.parameters()).device.type == "cpu"
     return lean.plain if cpu and tokens == 1 else lean.family
 

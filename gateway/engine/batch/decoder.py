@@ -58,8 +58,8 @@ class LeanDecoder:
                 cfg._attn_implementation, source.eager_attention_forward
             ),
         )
-        # The family's plain attention (matrix product, softmax, matrix product): what the
-        # compiled step runs on a CPU (engine/compiled.py `_step`)
+        # The family's plain attention (matrix product, softmax, matrix product): what a
+        # compiled one-token step runs on a CPU (engine/compiled.py `_family`)
         self.plain = Family(source.apply_rotary_pos_emb, source.eager_attention_forward)
         self._layers = list(self.inner.layers[: cfg.num_hidden_layers])
 

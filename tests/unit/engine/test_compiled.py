@@ -84,8 +84,8 @@ def test_each_kind_traces_one_layer_and_reuses_its_code_for_the_others(tokenizer
                 ))  # fmt: skip
             for a, b in zip(*outs, strict=True):
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-        # on a CPU the step attends with the plain products inductor fuses, not torch's
-        # SDPA kernel (compiled._family: its fixed cost a call is most of a small step's)
+        # on a CPU a one-token step attends with the plain products inductor fuses, not
+        # torch's SDPA kernel (compiled._family: its fixed cost a call is what it saves)
         cache, slots = caches[1]
         with torch.profiler.profile() as prof:
             batched_forward(lm.model, cache_kwarg(lm.model), cache, slots[:1], [[24]],
