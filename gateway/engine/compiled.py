@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gateway.engine.batch.decoder import Family, block
+from gateway.engine.batch.decoder import Family, attention_extra, block
 from gateway.engine.cpu_linear import machine_identity
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ def _layer(
         values.index_put_(where, v)
         return keys[rows, :, :span], values[rows, :, :span]  # (B, kvH, S, D)
 
-    return block(module, family, h, cos, sin, mask, kv)
+    return block(module, family, h, cos, sin, mask, kv, attention_extra(module.self_attn))
 
 
 class Precompiled:
@@ -221,8 +221,9 @@ class Precompiled:
     def _external(self) -> dict[str, Any]:
         """The objects the step reaches that are not saved with it: the model's modules."""
         lean = self.lean
-        out: dict[str, Any] = {"lean": lean, "layers": lean._layers}
-        out.update(family=lean.family, plain=lean.plain)
+        out: dict[str, Any] = {
+            "lean": lean, "layers": lean._layers, "family": lean.family, "plain": lean.plain,
+        }  # fmt: skip
         out.update({f"module:{n}": m for n, m in lean.model.named_modules()})
         return out
 

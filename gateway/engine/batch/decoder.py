@@ -62,6 +62,7 @@ class LeanDecoder:
         # compiled one-token step runs on a CPU (engine/compiled.py `_family`)
         self.plain = Family(source.apply_rotary_pos_emb, source.eager_attention_forward)
         self._layers = list(self.inner.layers[: cfg.num_hidden_layers])
+        self._extra = [attention_extra(layer.self_attn) for layer in self._layers]
 
     def hidden(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -78,6 +79,7 @@ class LeanDecoder:
             h = block(
                 layer, self.family, h, cos, sin, attention_mask,
                 lambda k, v, i=i: kv(i, k, v),  # type: ignore[misc]
+                self._extra[i],
             )  # fmt: skip
         return h
 
@@ -123,14 +125,13 @@ def block(
     layer: Any, family: Family, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     attention_mask: torch.Tensor | None,
     kv: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    extra: dict[str, Any],
 ) -> torch.Tensor:  # fmt: skip
     """One decoder layer: (B, T, H) hidden states in, out, with the family's functions
     (`Family`). `kv(k, v)` stores the layer's new keys and values and returns those the
-    step attends to."""
+    step attends to; `extra`: the layer's `attention_extra`."""
     b, t = h.shape[0], h.shape[1]
     a = layer.self_attn
-    # what the family's attention call takes besides the tensors
-    extra = {"sliding_window": a.sliding_window} if hasattr(a, "sliding_window") else {}
     x = layer.input_layernorm.forward(h)
     shape = (b, t, -1, a.head_dim)
     q = a.q_proj.forward(x).view(shape).transpose(1, 2)  # (B, heads, T, D)
@@ -143,6 +144,13 @@ def block(
     x = layer.post_attention_layernorm.forward(h)
     m = layer.mlp
     return h + m.down_proj.forward(m.act_fn(m.gate_proj.forward(x)) * m.up_proj.forward(x))
+
+
+def attention_extra(attention: Any) -> dict[str, Any]:
+    """What the family's attention call takes besides the tensors (a sliding window)."""
+    if hasattr(attention, "sliding_window"):
+        return {"sliding_window": attention.sliding_window}
+    return {}
 
 
 def kept_rows(h: torch.Tensor, keep: list[int]) -> torch.Tensor:
