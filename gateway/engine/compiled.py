@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gateway.engine.batch.decoder import Family, attention_extra, block
+from gateway.engine.batch.decoder import Family, Joined, attention_extra, block
 from gateway.engine.cpu_linear import machine_identity
 
 if TYPE_CHECKING:
@@ -61,6 +61,12 @@ MAX_TOKENS = 16  # tokens a row feeds in a compiled step; longer feeds (prefill)
 KINDS = frozenset({"1x1", "1xN", "Bx1", "BxN"})
 Later = tuple[frozenset[str], Callable[[], object]]  # (kinds, wait): warm_up's `then`
 FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share of eager's
+INDUCTOR = {"size_asserts": False}
+"""inductor options of the step's compile. No size asserts: inductor's Python wrapper
+checks each input's sizes and strides on every call (about 100 checks a step of the demo
+target), which the step's guards have checked already; without them the one-row
+one-token step took 0.94 of its time (one process, alternating calls, an Intel Xeon with
+AMX, 2 cores)."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,9 @@ def _step(
     first layer once and calls that code for the others (the same math, bitwise), instead
     of tracing and generating code for every layer; a cold compile takes about half as
     long. The buffers' head count and head size are pinned first: a size the first layer's
-    trace specialises would break the reuse for the next ones (torch 2.13)."""
+    trace specialises would break the reuse for the next ones (torch 2.13). Each layer runs
+    its joined projections where the model's could be joined (`compile_forwards` joins
+    them; batch/decoder.py `Joined`): 4 products a layer instead of 7."""
     inner = lean.inner
     heads, size = int(lean.model.config.num_key_value_heads), lean._layers[0].self_attn.head_dim
     for buffer in (*keys, *values):
@@ -126,8 +134,10 @@ def _step(
     h = inner.embed_tokens.forward(ids)  # (B, T, H)
     cos, sin = inner.rotary_emb.forward(h, position_ids)
     family = _family(lean, ids.shape[1])
+    joined = lean.joined
     for i, layer in enumerate(lean._layers):
-        h = _layer(layer, family, h, cos, sin, mask, keys[i], values[i], rows, positions)
+        j = None if joined is None else joined[i]
+        h = _layer(layer, j, family, h, cos, sin, mask, keys[i], values[i], rows, positions)
     if keep_last:
         h = h[torch.arange(ids.shape[0], device=ids.device), keep][:, None]  # (B, 1, H)
     return lean.head(h, backbone)
@@ -150,13 +160,13 @@ def _family(lean: LeanDecoder, tokens: int) -> Family:
 
 @torch.compiler.nested_compile_region
 def _layer(
-    module: Any, family: Family, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-    mask: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
-    positions: torch.Tensor,
+    layer: Any, joined: Joined | None, family: Family, h: torch.Tensor, cos: torch.Tensor,
+    sin: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+    rows: torch.Tensor, positions: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
     """One layer of `_step` (batch/decoder.py `block`): its new keys and values written into
     its slot buffers at (rows, positions), the step attending to each row's keys up to the
-    span."""
+    span. `joined`: the layer's joined projections (batch/decoder.py `Joined`), or None."""
     span = mask.shape[-1]
     heads = torch.arange(keys.shape[1], device=h.device)
     where = (rows[:, None, None], heads[None, :, None], positions[:, None, :])  # (B, kvH, T)
@@ -166,7 +176,7 @@ def _layer(
         values.index_put_(where, v)
         return keys[rows, :, :span], values[rows, :, :span]  # (B, kvH, S, D)
 
-    return block(module, family, h, cos, sin, mask, kv, attention_extra(module.self_attn))
+    return block(layer, family, h, cos, sin, mask, kv, attention_extra(layer.self_attn), joined)
 
 
 class Precompiled:
@@ -225,6 +235,8 @@ class Precompiled:
             "lean": lean, "layers": lean._layers, "family": lean.family, "plain": lean.plain,
         }  # fmt: skip
         out.update({f"module:{n}": m for n, m in lean.model.named_modules()})
+        if lean.joined is not None:
+            out.update({f"joined:{n}": m for n, m in lean.joined.named_modules()})
         return out
 
     def _build(self, name: str, args: tuple[torch.Tensor, ...]) -> Any:
@@ -250,7 +262,9 @@ class Precompiled:
                 torch._dynamo.config.patch(specialize_float=True),
                 fx_config.patch(use_duck_shape=False),  # type: ignore[attr-defined]
             ):
-                compiler = torch.compile(self.step, dynamic=True, fullgraph=True)
+                compiler = torch.compile(
+                    self.step, dynamic=True, fullgraph=True, options=dict(INDUCTOR)
+                )
                 fn = compiler.aot_compile((args, {}))  # type: ignore[attr-defined]
         except Exception as exc:  # the API is experimental: the jit compile serves the kind
             log.warning("step kind %s compiled just in time (ahead of time failed: %s: %s)",
@@ -335,7 +349,7 @@ def _jit(step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__,
         step.__closure__,
     )  # fmt: skip
-    compiled = torch.compile(own, dynamic=True)
+    compiled = torch.compile(own, dynamic=True, options=dict(INDUCTOR))
     floats = torch._dynamo.config.patch(specialize_float=True)
 
     def call(*args: Any) -> torch.Tensor:
@@ -356,6 +370,8 @@ def compile_forwards(
     captured graphs (graphs.py)."""
     from gateway.engine.batch.forward import model_facts
     from gateway.engine.graphs import GraphedSteps
+
+    lean.join_projections()
 
     def step(*args: Any) -> torch.Tensor:
         return _step(lean, keep_last, backbone, *args)

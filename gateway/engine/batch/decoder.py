@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,20 @@ class LeanDecoder:
         self.plain = Family(source.apply_rotary_pos_emb, source.eager_attention_forward)
         self._layers = list(self.inner.layers[: cfg.num_hidden_layers])
         self._extra = [attention_extra(layer.self_attn) for layer in self._layers]
+        self.joined: torch.nn.ModuleList | None = None  # see join_projections
+        self._join_tried = False
+
+    def join_projections(self) -> torch.nn.ModuleList | None:
+        """Each layer's joined projections (`Joined`), for the compiled step, kept in
+        `joined`; built on the first call (re-pointing the layers' projections at the
+        joined weights). None where a layer's cannot be joined: the compiled step then runs
+        the layers' own."""
+        if not self._join_tried:
+            self._join_tried = True
+            joins = [j for j in (join(layer) for layer in self._layers) if j is not None]
+            if len(joins) == len(self._layers):
+                self.joined = torch.nn.ModuleList(joins)
+        return self.joined
 
     def hidden(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -121,29 +136,113 @@ class Family(torch.nn.Module):
         self.attention = attention
 
 
+class Joined(torch.nn.Module):
+    """A layer's projections that read the same input, each group as one linear layer:
+    q, k and v (`qkv`), the MLP's gate and up (`gate_up`). What the compiled step runs
+    (engine/compiled.py): at decode sizes a product's cost is mostly its fixed per-call
+    part, so 4 products a layer instead of 7 (on the demo target, an Intel Xeon with AMX,
+    2 threads: 54 against 61 us a layer in raw products, before inductor's per-call
+    wrapper work). The joined weight owns the memory; the layer's own projections are
+    re-pointed at row ranges of it (the same values, contiguous), so nothing is held
+    twice and the eager decoder is unchanged. Built by `join`, which returns None for a
+    layer whose projections cannot be joined (some with a bias, some without; other
+    dtypes or devices)."""
+
+    def __init__(
+        self, qkv: torch.nn.Linear, q_k_v: list[int], gate_up: torch.nn.Linear, g_u: list[int]
+    ) -> None:
+        super().__init__()
+        self.qkv, self.gate_up = qkv, gate_up
+        self.q_k_v, self.g_u = q_k_v, g_u  # the parts' output sizes
+
+
+def join(layer: Any) -> Joined | None:
+    """`layer`'s projections joined (`Joined`), or None where they cannot be."""
+    a, m = layer.self_attn, layer.mlp
+    groups = ([a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj])
+    if not all(_joinable(g) for g in groups):  # checked before any weight is re-pointed
+        return None
+    qkv, gate_up = (_joined(g) for g in groups)
+    sizes = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
+    return Joined(qkv, sizes, gate_up, [m.gate_proj.out_features, m.up_proj.out_features])
+
+
+def _joinable(parts: list[Any]) -> bool:
+    """Whether `parts` can be one nn.Linear: plain nn.Linear layers of one input size, dtype
+    and device, all with a bias or none, with one forward (torch's or cpu_linear's)."""
+    if any(type(p) is not torch.nn.Linear for p in parts):
+        return False
+    return (
+        len({(p.weight.dtype, p.weight.device, p.weight.shape[1]) for p in parts}) == 1
+        and len({p.bias is not None for p in parts}) == 1
+        and len({_forward(p) for p in parts}) == 1
+    )
+
+
+def _forward(linear: Any) -> Any:
+    """The function a patched nn.Linear's forward is bound to (cpu_linear), or None."""
+    return getattr(linear.__dict__.get("forward"), "__func__", None)
+
+
+def _joined(parts: list[Any]) -> torch.nn.Linear:
+    """One nn.Linear computing `parts` (`_joinable`) side by side: its weight (and bias) the
+    parts' concatenated, which each part's parameters become views of, and the parts'
+    forward (cpu_linear's weight-major one where the model was given it)."""
+    w0, biased = parts[0].weight, parts[0].bias is not None
+    rows = [p.weight.shape[0] for p in parts]
+    out = torch.nn.Linear(w0.shape[1], sum(rows), bias=biased, device=w0.device,
+                          dtype=w0.dtype)  # fmt: skip
+    out.requires_grad_(False)
+    with torch.no_grad():
+        out.weight.data = torch.cat([p.weight.detach() for p in parts])
+        if biased:
+            out.bias.data = torch.cat([p.bias.detach() for p in parts])
+        start = 0
+        for p, n in zip(parts, rows, strict=True):
+            p.weight.data = out.weight.data[start : start + n]
+            if biased:
+                p.bias.data = out.bias.data[start : start + n]
+            start += n
+    forward = _forward(parts[0])
+    if forward is not None:  # the model's patched linear forward (cpu_linear)
+        out.forward = types.MethodType(forward, out)  # type: ignore[method-assign]
+    return out
+
+
 def block(
     layer: Any, family: Family, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     attention_mask: torch.Tensor | None,
     kv: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    extra: dict[str, Any],
+    extra: dict[str, Any], joined: Joined | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """One decoder layer: (B, T, H) hidden states in, out, with the family's functions
     (`Family`). `kv(k, v)` stores the layer's new keys and values and returns those the
-    step attends to; `extra`: the layer's `attention_extra`."""
+    step attends to; `extra`: the layer's `attention_extra`. With `joined` (the layer's
+    `Joined`), its joined projections instead of the layer's own: the same math, another
+    product shape (its rounding may differ in the last bits), so the eager decoder, which
+    must equal the model's forward bitwise, passes none."""
     b, t = h.shape[0], h.shape[1]
     a = layer.self_attn
     x = layer.input_layernorm.forward(h)
     shape = (b, t, -1, a.head_dim)
-    q = a.q_proj.forward(x).view(shape).transpose(1, 2)  # (B, heads, T, D)
-    k = a.k_proj.forward(x).view(shape).transpose(1, 2)
-    v = a.v_proj.forward(x).view(shape).transpose(1, 2)
+    if joined is None:
+        q, k, v = a.q_proj.forward(x), a.k_proj.forward(x), a.v_proj.forward(x)
+    else:
+        q, k, v = joined.qkv.forward(x).split(joined.q_k_v, dim=-1)
+    q = q.view(shape).transpose(1, 2)  # (B, heads, T, D)
+    k = k.view(shape).transpose(1, 2)
+    v = v.view(shape).transpose(1, 2)
     q, k = family.rotary(q, k, cos, sin)
     k, v = kv(k, v)
     o, _ = family.attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling, **extra)
     h = h + a.o_proj.forward(o.reshape(b, t, -1).contiguous())
     x = layer.post_attention_layernorm.forward(h)
     m = layer.mlp
-    return h + m.down_proj.forward(m.act_fn(m.gate_proj.forward(x)) * m.up_proj.forward(x))
+    if joined is None:
+        gate, up = m.gate_proj.forward(x), m.up_proj.forward(x)
+    else:
+        gate, up = joined.gate_up.forward(x).split(joined.g_u, dim=-1)
+    return h + m.down_proj.forward(m.act_fn(gate) * up)
 
 
 def attention_extra(attention: Any) -> dict[str, Any]:

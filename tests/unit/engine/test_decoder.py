@@ -96,3 +96,72 @@ def test_an_unchecked_family_keeps_the_transformers_forward(tokenizer):
         llama(len(tokenizer), tokenizer.eos_token_id, seed=7), tokenizer, lean=False
     )
     assert lean_off.decoder is None
+
+
+@pytest.mark.parametrize("family", sorted(BUILDERS))
+@pytest.mark.parametrize("cpu_linear", [False, True])
+def test_joined_projections_compute_the_layers_own_and_hold_no_second_copy(
+    family, cpu_linear, tokenizer
+):
+    """What the compiled step runs (decoder.Joined: q/k/v as one product, gate/up as one;
+    Qwen2's biases, grouped key/value heads, Mistral's window) gives the lean decoder's
+    logits to rounding, the layers' projections become views of the joined weights (no
+    second copy), and the lean decoder still equals the transformers forward bitwise."""
+    from gateway.engine.batch.decoder import _parity
+    from gateway.engine.compiled import compile_forwards
+
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    lm = wrap_model(BUILDERS[family](vocab, eos), tokenizer, cpu_linear=cpu_linear)
+    lean = lm.decoder
+    assert isinstance(lean, LeanDecoder)
+    weights = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
+    step = compile_forwards(lean, keep_last=False, backbone=False, inductor=False)  # joins
+    assert lean.joined is not None and len(lean.joined) == lm.model.config.num_hidden_layers
+    for layer, joined in zip(lean._layers, lean.joined, strict=True):
+        a, m = layer.self_attn, layer.mlp
+        for whole, parts in ((joined.qkv, (a.q_proj, a.k_proj, a.v_proj)),
+                             (joined.gate_up, (m.gate_proj, m.up_proj))):  # fmt: skip
+            assert whole.forward.__func__ is parts[0].forward.__func__  # the model's linear
+            for p in parts:
+                for name in ("weight", "bias"):
+                    part, joint = getattr(p, name), getattr(whole, name)
+                    assert (part is None) == (joint is None)
+                    if part is not None:  # a view of the joined storage
+                        storage = part.untyped_storage().data_ptr()
+                        assert storage == joint.untyped_storage().data_ptr()
+    for n, p in lm.model.named_parameters():  # the same values
+        assert torch.equal(p, weights[n]), n
+    kwarg = cache_kwarg(lm.model)
+    layers = int(lm.model.config.num_hidden_layers)
+    caches = [SlotCache(layers, 3, CONTEXT, pad=8) for _ in range(2)]
+    with torch.inference_mode():
+        assert _parity(lm.model, kwarg, lean)
+        for c in caches:
+            c.take(), c.take(), c.take()
+        for feeds in ([[3, 4, 5], [6, 7], [8] * 20], [[9], [10], [11]], [[12, 13], [14], [15]]):
+            outs = [
+                batched_forward(
+                    lm.model, kwarg, c, [0, 1, 2], feeds, lm.device, compiled=fast, decoder=lean
+                )
+                for c, fast in zip(caches, (None, step), strict=True)
+            ]
+            for a, b in zip(*outs, strict=True):
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+            for c in caches:
+                for s, f in enumerate(feeds):
+                    c.length[s] += len(f)
+
+
+def test_projections_that_cannot_be_joined_are_left_as_they_are(tokenizer):
+    from gateway.engine.batch.decoder import join
+
+    model = llama(len(tokenizer), tokenizer.eos_token_id, seed=7).eval()
+    layer = model.model.layers[0]
+    before = {n: p.data_ptr() for n, p in layer.named_parameters()}
+    k = layer.self_attn.k_proj
+    k.bias = torch.nn.Parameter(torch.zeros(k.out_features))
+    assert join(layer) is None  # one of q, k, v with a bias: nothing re-pointed
+    assert {n: p.data_ptr() for n, p in layer.named_parameters() if n in before} == before
+    k.bias = None
+    assert join(layer) is not None
+    assert layer.self_attn.q_proj.weight.data_ptr() != before["self_attn.q_proj.weight"]
