@@ -12,7 +12,9 @@ machine's cores). The gateway runs twice: eager (the default) and with
 GATEWAY_COMPILE=auto (engine/compiled.py: compiled where it measured faster; its inductor
 cache is shared by the rounds, so only the first warm-up compiles). Each level runs at
 least concurrency.MIN_REQUESTS requests (8 at 1 client). No two servers run at once;
-rounds alternate the order, and the report gives medians over rounds.
+rounds alternate the order, and the report gives medians over three rounds (one round of
+a level now and then runs several times slower than the others, a stall not reproduced
+alone) and every round's tokens/s (`rounds_tokens_per_s`).
 `equal_to_gateway_eager_alone` is the smallest share, over llama-server's and the compiled
 gateway's levels, of texts equal to the eager gateway's standard output served alone.
 
@@ -79,7 +81,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     def per_client(n: int) -> int:
         return 1 if quick else max(2, MIN_REQUESTS // n)
 
-    rounds = 1 if quick else 2
+    rounds = 1 if quick else 3  # a median of three: one stalled round decides nothing
     _llamacpp.server_binary(), _llamacpp.gguf("target"), _llamacpp.gguf("draft_v2")  # build first
     sides: dict[str, list[dict[str, Any]]] = {"eager": [], "compiled": [], "peer": []}
     alone: dict[str, str] = {}  # the gateway's texts alone: the first round runs it first
@@ -114,6 +116,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         "gateway_tokens_per_s": gw,
         "gateway_compiled_tokens_per_s": gc,
         "llama_server_tokens_per_s": lc,
+        "rounds_tokens_per_s": {side: [_brief(r) for r in got] for side, got in sides.items()},
         "gateway_itl_ms": {k: ours[-1][k]["itl_ms"] for k in keys},
         "gateway_compiled_itl_ms": {k: compiled[-1][k]["itl_ms"] for k in keys},
         "llama_server_itl_ms": {k: peer[-1][k]["itl_ms"] for k in lc},
