@@ -329,3 +329,40 @@ async def test_a_draft_is_compiled_and_probed_for_its_targets_batch_rows(
     drafts = len(manifest.drafts_for(manifest.targets()[0].name))
     assert compiled_for == [(False, 2)] + [(True, 2)] * drafts  # the batch's 2, not 1
     assert probed == [2] * (1 + drafts)
+
+
+def test_a_steps_events_reach_the_event_loop_in_one_wake_up_each_job_in_order() -> None:
+    """The worker hands a step's events for all its rows to the event loop at once (one
+    `call_soon_threadsafe`, one write to the loop's self-pipe), not one per row; each job
+    still gets its own events, in order, and a closed loop cancels the jobs instead."""
+    from gateway.serving.worker import Job, _Outbox
+
+    loop = asyncio.new_event_loop()
+    wakeups: list[object] = []
+    real = loop.call_soon_threadsafe
+
+    def counted(*args: object) -> object:
+        wakeups.append(args[0])
+        return real(*args)  # type: ignore[arg-type]
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    try:
+        jobs = [Job(make=None, loop=loop) for _ in range(3)]
+        out = _Outbox()
+        for step in range(2):
+            for i, job in enumerate(jobs):
+                out.add(job, f"job{i} event{step}")
+        done = threading.Thread(target=out.flush)  # from another thread, as the worker
+        done.start()
+        done.join()
+        assert len(wakeups) == 1
+        loop.run_until_complete(asyncio.sleep(0))
+        for i, job in enumerate(jobs):
+            got = [job.out.get_nowait() for _ in range(job.out.qsize())]
+            assert got == [f"job{i} event0", f"job{i} event1"]
+            assert job.first_event_ns is not None and not job.cancelled.is_set()
+    finally:
+        loop.close()
+    out.add(jobs[0], "late")
+    out.flush()  # the loop is closed: nobody listens any more
+    assert jobs[0].cancelled.is_set()
