@@ -71,6 +71,7 @@ def install() -> None:
     methods = [
         (worker.InferenceWorker, "_admit", "worker_admit"),
         (worker.Job, "emit", "worker_emit"),
+        (getattr(worker, "_Outbox", None), "flush", "worker_emit"),  # a step's events at once
         (scheduler.Batch, "step", "step_other"),
         (scheduler.Batch, "_prefill", "prefill_other"),
         (scheduler.Batch, "_finish", "finish"),
@@ -81,7 +82,7 @@ def install() -> None:
         (CompiledForwards, "__call__", COMPUTE),
     ]
     for cls, attr, phase in methods:
-        if not hasattr(cls, attr):  # an older checkout (step_profile's "before" side)
+        if cls is None or not hasattr(cls, attr):  # an older checkout (step_profile's "before")
             continue
         setattr(cls, attr, _wrap(phase, getattr(cls, attr)))
     names = [

@@ -20,6 +20,11 @@ and the wait between one request and the next).
 Before and after in one run: `STEP_PROFILE_BEFORE=<git revision>` also measures that
 revision (a temporary `git worktree` given this checkout's _phases.py and step_profile.py;
 phases it lacks are skipped), each case before then after, and reports both.
+
+Compiled steps: `GATEWAY_COMPILE=on` (or `auto`) compiles the in-process side's target and
+draft as the gateway does (engine/compiled.py, steps precompiled into var/bench-compile-
+cache, shared by the runs) and the gateway inherits the setting; `setup.compile` says
+which ran. The README quotes that run from step_profile_compiled.json (a copy).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Any
 from benchmarks.concurrency import MODES, NEW_TOKENS, _prompts
 
 ROOT = Path(__file__).resolve().parent.parent
+COMPILE_CACHE = ROOT / "var" / "bench-compile-cache"  # as llamacpp's: a restart loads steps
 CASES = (("speculative", 1), ("speculative", 8), ("standard", 1))
 COMPUTE = ("target_compute", "draft_compute", "draft_head")
 WORKER = ("worker_admit", "worker_emit")  # the inference thread, outside Batch.step
@@ -55,8 +61,15 @@ def _child_main(argv: list[str]) -> None:
     requests_per_case = int(argv[0])
     _phases.install()
     pair = load_pair()
-    draft = pair.drafts["v2"]
-    engine = Engine(pair.target)
+    target, draft = pair.target, pair.drafts["v2"]
+    setting = _compile_setting()
+    if setting != "off":
+        from gateway.engine.compiled import compiled_model
+
+        store, auto = COMPILE_CACHE / "precompiled", setting == "auto"
+        target = compiled_model(target, 8, measure=auto, store=store)[0]
+        draft = compiled_model(draft, 8, draft=True, measure=auto, store=store)[0]
+    engine = Engine(target)
     ids = [tuple(engine.tokenizer(p)["input_ids"]) for p in _prompts()]
     batch = engine.batch(8)
 
@@ -111,10 +124,24 @@ def _summary(phases: dict[str, Any], wall: float, tokens: int) -> dict[str, Any]
     }
 
 
+def _compile_setting() -> str:
+    """GATEWAY_COMPILE as this benchmark takes it: on, auto or off (the default)."""
+    value = os.environ.get("GATEWAY_COMPILE", "off").strip().lower()
+    return value if value in ("on", "auto") else "off"
+
+
+def _compile_env() -> dict[str, str]:
+    """The environment of a compiled run's processes: the shared compile cache."""
+    if _compile_setting() == "off":
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": str(COMPILE_CACHE)}
+
+
 def _in_process(requests_per_case: int, root: Path = ROOT) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.step_profile", "child", str(requests_per_case)],
         cwd=root, capture_output=True, text=True, check=True,
+        env={**os.environ, **_compile_env()},
     )  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -140,7 +167,7 @@ def _over_http(requests_per_case: int, root: Path = ROOT) -> dict[str, Any]:
         dump = Path(tmp) / "phases.json"
         with warm_gateway(
             prompts, module="benchmarks._phases", cwd=root, GATEWAY_PHASES_OUT=str(dump),
-            GATEWAY_MAX_BATCH="8", GATEWAY_MAX_ACTIVE="16",
+            GATEWAY_MAX_BATCH="8", GATEWAY_MAX_ACTIVE="16", **_compile_env(),
         ) as (gw, key):  # fmt: skip
             for mode, clients in CASES:
                 per_client = max(1, requests_per_case // clients)
@@ -183,6 +210,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         "new_tokens": NEW_TOKENS,
         "requests_per_case": n,
         "goal_outside_forwards_share": 0.10,
+        "compile": _compile_setting(),
     }
     if not before_rev:
         return {"setup": setup, "in_process": _in_process(n), "http": _over_http(n)}
