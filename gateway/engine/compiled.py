@@ -64,9 +64,9 @@ FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share o
 INDUCTOR = {"size_asserts": False}
 """inductor options of the step's compile. No size asserts: inductor's Python wrapper
 checks each input's sizes and strides on every call (about 100 checks a step of the demo
-target), which the step's guards have checked already; without them the one-row
-one-token step took 0.94 of its time (one process, alternating calls, an Intel Xeon with
-AMX, 2 cores)."""
+target), which the step's guards have checked already; without them the demo target's
+step took 0.95-0.98 of its time by kind (one process, alternating calls, an Intel Xeon
+with AMX, 2 cores)."""
 
 
 @dataclass(frozen=True)
