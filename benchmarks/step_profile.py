@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.concurrency import MODES, NEW_TOKENS, _prompts
+from benchmarks.llamacpp import COMPILE_CACHE  # shared by the runs: a restart loads steps
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPILE_CACHE = ROOT / "var" / "bench-compile-cache"  # as llamacpp's: a restart loads steps
 CASES = (("speculative", 1), ("speculative", 8), ("standard", 1))
 COMPUTE = ("target_compute", "draft_compute", "draft_head")
 WORKER = ("worker_admit", "worker_emit")  # the inference thread, outside Batch.step
@@ -125,9 +125,11 @@ def _summary(phases: dict[str, Any], wall: float, tokens: int) -> dict[str, Any]
 
 
 def _compile_setting() -> str:
-    """GATEWAY_COMPILE as this benchmark takes it: on, auto or off (the default)."""
-    value = os.environ.get("GATEWAY_COMPILE", "off").strip().lower()
-    return value if value in ("on", "auto") else "off"
+    """GATEWAY_COMPILE read as the gateway reads it (off, on or auto; a bad value raises)."""
+    from gateway.serving import _compile_mode
+    from gateway.settings import Settings
+
+    return _compile_mode(Settings.from_env().compile)
 
 
 def _compile_env() -> dict[str, str]:

@@ -83,30 +83,20 @@ class Job:
     first_event_ns: int | None = None
     finished_ns: int | None = None
 
-    def emit(self, item: Any) -> None:
-        self.stamp()
-        try:
-            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            self.cancelled.set()
-
-    def stamp(self) -> None:
-        if self.first_event_ns is None:
-            self.first_event_ns = time.time_ns()
-
 
 class _Outbox:
-    """Events of a round's steps, handed to each event loop in one `call_soon_threadsafe`:
-    one wake-up of the loop a step instead of one per row. Every wake-up writes to the
-    loop's self-pipe, a system call that lets the event loop take the GIL from this thread,
-    so with 8 rows a step handed it over up to 8 times. Each job's events keep their
-    order."""
+    """How events leave the worker thread: those of a round's steps, handed to each event
+    loop in one `call_soon_threadsafe`, one wake-up of the loop a step instead of one per
+    row. Every wake-up writes to the loop's self-pipe, a system call that lets the event
+    loop take the GIL from this thread, so with 8 rows a step handed it over up to 8 times.
+    Each job's events keep their order; a closed loop (nobody listening) cancels the job."""
 
     def __init__(self) -> None:
         self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, Any]]] = {}
 
     def add(self, job: Job, item: Any) -> None:
-        job.stamp()
+        if job.first_event_ns is None:
+            job.first_event_ns = time.time_ns()
         self._by_loop.setdefault(job.loop, []).append((job, item))
 
     def flush(self) -> None:
@@ -328,6 +318,7 @@ class InferenceWorker:
     ) -> None:  # fmt: skip
         """FIFO, skipping a job whose batch is full (others may still fit)."""
         kept: collections.deque[Job] = collections.deque()
+        failed = _Outbox()
         while waiting:
             job = waiting.popleft()
             if len(active) + batches.rows >= self.max_active or (
@@ -346,7 +337,8 @@ class InferenceWorker:
                     assert job.make is not None
                     active.append((job, job.make(job.cancelled.is_set)))
             except BaseException as exc:
-                self._finish(job, exc)
+                self._finish(job, exc, failed)
+        failed.flush()
         waiting.extend(kept)
 
     def _close(self, job: Job, steps: Iterator[Any], out: _Outbox) -> None:
@@ -355,14 +347,11 @@ class InferenceWorker:
             close()
         self._finish(job, _DONE, out)
 
-    def _finish(self, job: Job, item: Any, out: _Outbox | None = None) -> None:
+    def _finish(self, job: Job, item: Any, out: _Outbox) -> None:
         with self._lock:
             self._active -= 1
         job.finished_ns = time.time_ns()
-        if out is None:
-            job.emit(item)
-        else:
-            out.add(job, item)
+        out.add(job, item)
 
 
 class _Batches:
