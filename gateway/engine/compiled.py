@@ -47,11 +47,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gateway.engine.batch.decoder import Family, Joined, attention_extra, block
+from gateway.engine.batch.forward import model_facts, step_mask
 from gateway.engine.cpu_linear import machine_identity
 
 if TYPE_CHECKING:
     from gateway.engine.batch.decoder import LeanDecoder
     from gateway.engine.batch.slots import SlotCache
+    from gateway.engine.draft_head import DraftHead
     from gateway.engine.graphs import GraphedSteps
     from gateway.engine.models import LoadedModel
 
@@ -61,44 +63,63 @@ MAX_TOKENS = 16  # tokens a row feeds in a compiled step; longer feeds (prefill)
 KINDS = frozenset({"1x1", "1xN", "Bx1", "BxN"})
 Later = tuple[frozenset[str], Callable[[], object]]  # (kinds, wait): warm_up's `then`
 FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share of eager's
-INDUCTOR = {"size_asserts": False}
-"""inductor options of the step's compile. No size asserts: inductor's Python wrapper
-checks each input's sizes and strides on every call (about 100 checks a step of the demo
-target), which the step's guards have checked already; without them the demo target's
-step took 0.95-0.98 of its time by kind (one process, alternating calls, an Intel Xeon
-with AMX, 2 cores)."""
+INDUCTOR: dict[str, Any] = {
+    "size_asserts": False,
+    "post_grad_fusion_options": {"decompose_mm_pass": {}},
+}
+"""inductor options of the step's compile.
+
+No size asserts: inductor's Python wrapper checks each input's sizes and strides on every
+call (about 100 checks a step of the demo target), which the step's guards have checked
+already; without them the demo target's step took 0.95-0.98 of its time by kind (one
+process, alternating calls, an Intel Xeon with AMX, 2 cores).
+
+Matrix products of one row as generated reductions (inductor's decompose_mm_pass; on a
+CPU it takes products of exactly one row with weights up to 2048 x 2048, so on the demo
+target the one-row one-token kind's projections, not its output head and no other kind):
+torch's mm copied each such input first (inductor hands it a row of stride 0, which BLAS
+refuses), 3 copies a layer, and calls the library for a few microseconds of work. The
+demo target's one-row one-token step took 0.88 of its time (1.95 -> 1.72 ms, same
+process, 128 cached tokens); with two to eight rows the reductions were 1.25-1.6x slower
+than the library, which is why only one row is taken. The sums run in another order than
+BLAS's, so a greedy choice may part from eager at a near tie (`python -m benchmarks
+engine_compiled` counts partings)."""
 
 
 @dataclass(frozen=True)
 class CompiledForwards:
     """A model's compiled step, built for one use: `keep_last` (a draft's drafting step:
-    the last position only) or every position (the target's verify step); `backbone`:
-    hidden states instead of logits (a draft with a reduced head)."""
+    the last position only) or every position (the target's verify step); `head`: a
+    draft's reduced head (draft_head.py), run inside the step's graph."""
 
     step: Callable[..., torch.Tensor]
     keep_last: bool
-    backbone: bool
+    head: DraftHead | None = None
     kinds: frozenset[str] = KINDS
     """The kinds of step (`kind`) served compiled; GATEWAY_COMPILE=auto keeps those where
     the compiled step measured faster than eager (`measure_kinds`)."""
     graphs: GraphedSteps | None = None
     """On CUDA: the step padded to buckets and replayed as captured graphs (graphs.py)."""
 
-    def serves(self, rows: int, tokens: int, keep_last: bool, backbone: bool) -> bool:
-        """Whether this step runs compiled: a step of the use it was built for, up to
-        MAX_TOKENS tokens a row, and of a kind it serves (`kinds`)."""
+    def serves(
+        self, rows: int, tokens: int, keep_last: bool, backbone: bool, head: DraftHead | None
+    ) -> bool:
+        """Whether this step runs compiled: a step of the use it was built for (logits, of
+        the last position with keep_last, through `head` if any), up to MAX_TOKENS tokens a
+        row, and of a kind it serves (`kinds`)."""
         return (
             tokens <= MAX_TOKENS
-            and (keep_last, backbone) == (self.keep_last, self.backbone)
+            and not backbone
+            and keep_last == self.keep_last
+            and head is self.head
             and kind(rows, tokens) in self.kinds
         )
 
-    def __call__(
-        self, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
-        rows: torch.Tensor, positions: torch.Tensor, cache: SlotCache, keep: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
+    def __call__(self, inputs: torch.Tensor, span: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+        """inputs: (6, B, T), batch/forward.py `step_layout`; span: arange(S), S the key
+        span (batch/forward.py `span_keys`)."""
         keys, values = cache.buffers()
-        return self.step(ids, mask, position_ids, rows, positions, keys, values, keep)
+        return self.step(inputs, span, keys, values)
 
 
 def kind(rows: int, tokens: int) -> str:
@@ -110,14 +131,21 @@ def kind(rows: int, tokens: int) -> str:
 
 
 def _step(
-    lean: LeanDecoder, keep_last: bool, backbone: bool, ids: torch.Tensor, mask: torch.Tensor,
-    position_ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-    keys: list[torch.Tensor], values: list[torch.Tensor], keep: torch.Tensor,
+    lean: LeanDecoder, keep_last: bool, head: DraftHead | None, window: int | None,
+    dtype: torch.dtype, inputs: torch.Tensor,
+    span: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
 ) -> torch.Tensor:  # fmt: skip
-    """The lean decoder's layers as one function of tensors. ids, position_ids, positions:
-    (B, T); rows: (B,) slots; mask: (B, 1, T, S) additive, S the key span; keep: (B,) the
-    position kept per row (used with keep_last). keys/values: each layer's slot buffers
-    (slots, kv_heads, capacity, D), written at (rows, positions) in place.
+    """The lean decoder's layers as one function of tensors. inputs: (6, B, T) integers,
+    batch/forward.py `step_layout` (token ids, position ids, write positions, the last key
+    each query sees; each row's slot and kept position, repeated along the row): ONE input
+    tensor, unpacked here, and the attention mask built here from it (inductor fuses it
+    into the attention), where building a mask and six tensors per forward outside took
+    0.1 ms of Python and dispatch. span: arange(S), S the key span. window, dtype: the
+    model's sliding window and dtype (batch/forward.py `model_facts`). keys/values: each
+    layer's slot buffers (slots, kv_heads, capacity, D), written at (rows, positions) in
+    place. Returns logits (B, T, V), or (B, 1, V) of each row's kept position with
+    keep_last; with `head`, through that reduced head (its product and the scatter into
+    the vocabulary, fused here, took about 0.1 ms a drafting step outside).
 
     Each layer runs as `_layer`, a nested compile region: torch traces and compiles the
     first layer once and calls that code for the others (the same math, bitwise), instead
@@ -131,6 +159,11 @@ def _step(
     for buffer in (*keys, *values):
         torch._check(buffer.shape[1] == heads)
         torch._check(buffer.shape[3] == size)
+    ids, position_ids, seen, keep = inputs[0], inputs[1], inputs[3], inputs[5, :, 0]
+    # What the layers take, as tensors of their own: a nested region refuses inputs that
+    # alias each other (views of `inputs`).
+    positions, rows = inputs[2].clone(), inputs[4, :, 0].clone()  # (B, T), (B,)
+    mask = step_mask(seen, span, window, dtype)  # (B, 1, T, S)
     h = inner.embed_tokens.forward(ids)  # (B, T, H)
     cos, sin = inner.rotary_emb.forward(h, position_ids)
     family = _family(lean, ids.shape[1])
@@ -140,7 +173,9 @@ def _step(
         h = _layer(layer, j, family, h, cos, sin, mask, keys[i], values[i], rows, positions)
     if keep_last:
         h = h[torch.arange(ids.shape[0], device=ids.device), keep][:, None]  # (B, 1, H)
-    return lean.head(h, backbone)
+    if head is None:
+        return lean.head(h, False)
+    return head.forward(lean.head(h, True))
 
 
 def _family(lean: LeanDecoder, tokens: int) -> Family:
@@ -194,16 +229,16 @@ class Precompiled:
 
     def __init__(
         self, step: Callable[..., torch.Tensor], jit: Callable[..., torch.Tensor],
-        lean: LeanDecoder, store: Path, fingerprint: str,
+        lean: LeanDecoder, head: DraftHead | None, store: Path, fingerprint: str,
     ) -> None:  # fmt: skip
-        self.step, self.jit, self.lean = step, jit, lean
+        self.step, self.jit, self.lean, self.head = step, jit, lean, head
         self.store, self.fingerprint = store, fingerprint
         self.fns: dict[str, Any] = {}  # kind -> its AOTCompiledFunction (None: jit serves)
         self.loaded: list[str] = []  # kinds loaded from the store (the others compiled)
         self.refused: set[str] = set()  # kinds whose artifact's guards refused a call
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
-        name = kind(args[0].shape[0], args[0].shape[1])
+        name = kind(args[0].shape[1], args[0].shape[2])
         first = name not in self.fns
         if first:
             self.fns[name] = self._build(name, args)
@@ -237,6 +272,8 @@ class Precompiled:
         out.update({f"module:{n}": m for n, m in lean.model.named_modules()})
         if lean.joined is not None:
             out.update({f"joined:{n}": m for n, m in lean.joined.named_modules()})
+        if self.head is not None:
+            out["draft_head"] = self.head
         return out
 
     def _build(self, name: str, args: tuple[torch.Tensor, ...]) -> Any:
@@ -265,6 +302,7 @@ class Precompiled:
                 compiler = torch.compile(
                     self.step, dynamic=True, fullgraph=True, options=dict(INDUCTOR)
                 )
+                _static_layout(args[0])
                 fn = compiler.aot_compile((args, {}))  # type: ignore[attr-defined]
         except Exception as exc:  # the API is experimental: the jit compile serves the kind
             log.warning("step kind %s compiled just in time (ahead of time failed: %s: %s)",
@@ -280,6 +318,22 @@ class Precompiled:
         return fn
 
 
+def _static_layout(inputs: torch.Tensor) -> None:
+    """The step input's first size (its six parts) is a constant, not one of the dynamic
+    sizes: as one, duck sizing would equate it with a key span or row count that happened
+    to be 6 when a kind was traced (a guard every other span fails: a second graph). The
+    just-in-time step marks every call (0.4 us): any call may be the one that traces. Not
+    a call to a loaded ahead-of-time step: its guards refuse a marked tensor (torch 2.13)."""
+    torch._dynamo.mark_static(inputs, 0)
+
+
+def _head_facts(head: DraftHead | None) -> str:
+    """What a step's graph takes from a reduced head (its tensors are the live module's)."""
+    if head is None:
+        return "no head"
+    return f"head {tuple(head.weight.shape)} of {head.vocab}, weight-major {head.weight_major}"
+
+
 def _artifact(store: Path, fingerprint: str, name: str) -> Path:
     return store / f"step-{fingerprint}-{name}.pt"
 
@@ -292,7 +346,7 @@ def stored(
     them); True for a model that is not compiled."""
     if lm.decoder is None:
         return True
-    fingerprint = _fingerprint(lm.decoder, draft, draft and lm.draft_head is not None)
+    fingerprint = _fingerprint(lm.decoder, draft, lm.draft_head if draft else None)
     return all(
         _artifact(store, fingerprint, kind(b, t)).exists()
         for b, t in _warm_kinds(max_rows)
@@ -300,7 +354,7 @@ def stored(
     )
 
 
-def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
+def _fingerprint(lean: LeanDecoder, keep_last: bool, head: DraftHead | None) -> str:
     """What a precompiled step was traced and generated from: a change in any of it compiles
     anew. An artifact keeps no guard on functions or modules, and inductor's generated code
     fixes the thread count and vector width, so all of these are in: the model's config
@@ -318,7 +372,13 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
 
     sources = [
         Path(sys.modules[m].__file__ or "").read_bytes()
-        for m in (__name__, "gateway.engine.batch.decoder", "gateway.engine.cpu_linear")
+        for m in (
+            __name__,
+            "gateway.engine.batch.decoder",
+            "gateway.engine.batch.forward",
+            "gateway.engine.cpu_linear",
+            "gateway.engine.draft_head",
+        )
     ]
     inductor = torch._inductor.config.save_config_portable()  # type: ignore[attr-defined]
     parts = [
@@ -326,7 +386,7 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, backbone: bool) -> str:
         str(getattr(model.config, "_attn_implementation", None)), str(weight.dtype),
         str(weight.device), named(lean._layers[0].self_attn.q_proj.forward),
         named(lean.family.attention), named(lean.plain.attention), named(lean.family.rotary),
-        str(keep_last), str(backbone),
+        str(keep_last), _head_facts(head),
         *machine_identity(), str(torch.get_default_dtype()),
         repr(sorted(inductor.items(), key=lambda kv: kv[0])),
         repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_"))),
@@ -353,6 +413,7 @@ def _jit(step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     floats = torch._dynamo.config.patch(specialize_float=True)
 
     def call(*args: Any) -> torch.Tensor:
+        _static_layout(args[0])
         with floats:
             return compiled(*args)  # type: ignore[no-any-return]
 
@@ -360,7 +421,7 @@ def _jit(step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
 
 
 def compile_forwards(
-    lean: LeanDecoder, keep_last: bool, backbone: bool, inductor: bool = True,
+    lean: LeanDecoder, keep_last: bool, head: DraftHead | None = None, inductor: bool = True,
     graph_rows: int = 0, store: Path | None = None,
 ) -> CompiledForwards:  # fmt: skip
     """The step, compiled by inductor (lazily: nothing is traced until the first call,
@@ -368,25 +429,24 @@ def compile_forwards(
     per kind and kept there (`Precompiled`: a restart loads it without tracing); with
     graph_rows > 0, padded to buckets of up to that many rows and, on CUDA, replayed as
     captured graphs (graphs.py)."""
-    from gateway.engine.batch.forward import model_facts
     from gateway.engine.graphs import GraphedSteps
 
     lean.join_projections()
+    window, dtype = model_facts(lean.model)
 
     def step(*args: Any) -> torch.Tensor:
-        return _step(lean, keep_last, backbone, *args)
+        return _step(lean, keep_last, head, window, dtype, *args)
 
     fn: Callable[..., torch.Tensor] = step
     if inductor:
         fn = _jit(step)
         if store is not None:
-            fn = Precompiled(step, fn, lean, store, _fingerprint(lean, keep_last, backbone))
+            fn = Precompiled(step, fn, lean, head, store, _fingerprint(lean, keep_last, head))
     if graph_rows <= 0:
-        return CompiledForwards(fn, keep_last, backbone)
-    window, dtype = model_facts(lean.model)
+        return CompiledForwards(fn, keep_last, head)
     device = next(lean.model.parameters()).device
-    graphs = GraphedSteps(fn, graph_rows, MAX_TOKENS, window, dtype, device)
-    return CompiledForwards(fn, keep_last, backbone, KINDS, graphs)
+    graphs = GraphedSteps(fn, graph_rows, MAX_TOKENS, device)
+    return CompiledForwards(fn, keep_last, head, KINDS, graphs)
 
 
 def compiled_model(
@@ -395,8 +455,8 @@ def compiled_model(
     inductor: bool = True, graphs: bool = False, store: Path | None = None,
     kinds: frozenset[str] | None = None, then: Later | None = None,
 ) -> tuple[LoadedModel, float]:  # fmt: skip
-    """``lm`` with its compiled step (a draft's: drafting, with its reduced head's backbone
-    if it has one; a target's: verify), every kind of step already compiled on a slot cache
+    """``lm`` with its compiled step (a draft's: drafting, through its reduced head if it
+    has one; a target's: verify), every kind of step already compiled on a slot cache
     of the batch's own shapes (so serving compiles nothing more); and the seconds the
     warm-up took. `graphs`: the step is padded to buckets and, on CUDA, replayed as
     captured graphs (graphs.py; recorded per cache on first use of a bucket); `inductor`
@@ -409,9 +469,8 @@ def compiled_model(
     checked, batch/decoder.py): it runs eager. `kinds` and `then`: see `warm_up`."""
     if lm.decoder is None:
         raise ValueError("only models the lean decoder runs are compiled (Llama, Mistral, Qwen2)")
-    backbone = draft and lm.draft_head is not None
     fast = compile_forwards(
-        lm.decoder, keep_last=draft, backbone=backbone, inductor=inductor,
+        lm.decoder, keep_last=draft, head=lm.draft_head if draft else None, inductor=inductor,
         graph_rows=max(2, max_rows) if graphs else 0, store=store,
     )  # fmt: skip
     out = replace(lm, compiled=fast)
@@ -479,7 +538,7 @@ def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str,
                     t0 = time.perf_counter()
                     batched_forward(
                         model, kwarg, cache, slots[:b], feed, lm.device,
-                        keep_last=fast.keep_last, backbone=fast.backbone,
+                        keep_last=fast.keep_last, head=fast.head,
                         compiled=fast if compiled else None, decoder=lm.decoder,
                     )  # fmt: skip
                     sync(lm.device)
@@ -530,7 +589,7 @@ def warm_up(
                 cache.length[s] = len(f)
             batched_forward(
                 model, kwarg, cache, slots[:rows], [[1] * t] * rows, lm.device,
-                keep_last=fast.keep_last, backbone=fast.backbone, compiled=fast,
+                keep_last=fast.keep_last, head=fast.head, compiled=fast,
                 decoder=lm.decoder,
             )  # fmt: skip
             done += 1

@@ -15,7 +15,6 @@ the head checks once that the model's logits really are `lm_head(last hidden sta
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +26,32 @@ from gateway.engine.cpu_linear import linear
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 
-@dataclass(frozen=True)
-class DraftHead:
+class DraftHead(torch.nn.Module):
+    """The reduced head: hidden states (..., H) -> logits (..., V) over the full vocabulary,
+    -inf outside the subset. A module (its tensors buffers) so that a compiled drafting
+    step can run it inside its graph (engine/compiled.py) and a precompiled one can refer
+    to it."""
+
     token_ids: torch.Tensor  # (N,) sorted, unique
     weight: torch.Tensor  # (N, H) rows of the output embedding
     bias: torch.Tensor | None  # (N,)
-    weight_major: bool = False  # compute it with cpu_linear.linear (as the model's nn.Linear)
+
+    def __init__(
+        self, token_ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+        vocab: int, weight_major: bool = False,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.register_buffer("token_ids", token_ids)
+        self.register_buffer("weight", weight)
+        self.register_buffer("bias", bias)
+        self.vocab = vocab
+        self.weight_major = weight_major  # computed with cpu_linear.linear (as the model's)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        apply = linear if self.weight_major else F.linear
+        sub = apply(h, self.weight, self.bias)  # (..., N)
+        full = h.new_full((*h.shape[:-1], self.vocab), float("-inf"))  # (..., V)
+        return full.index_copy_(-1, self.token_ids, sub)
 
 
 def read_draft_vocab(model_dir: str | Path) -> list[int] | None:
@@ -62,6 +81,7 @@ def build_head(model: Any, token_ids: list[int], weight_major: bool = False) -> 
         token_ids=idx,
         weight=head.weight.detach()[idx].contiguous(),
         bias=None if bias is None else bias.detach()[idx].contiguous(),
+        vocab=vocab,
         weight_major=weight_major,
     )
     # The check applies the model's own head module to the backbone output (same kernel, so
@@ -87,15 +107,11 @@ def head_logits(
     ids: list[int],
     cache: Any,
     device: torch.device,
-    vocab: int,
 ) -> torch.Tensor:
     """One KV-cached forward of `ids`: the last position's logits over the full vocabulary,
     -inf outside the head's subset. Returns (1, V)."""
     h = forward_hidden(model, kwarg, ids, cache, device)  # (H,)
-    row = torch.full((1, vocab), float("-inf"), dtype=h.dtype, device=device)
-    apply = linear if head.weight_major else F.linear
-    row[0, head.token_ids] = apply(h, head.weight, head.bias)
-    return row
+    return head(h[None])  # (1, V)
 
 
 def forward_hidden(

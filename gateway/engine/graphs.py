@@ -39,14 +39,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gateway.engine.batch.forward import row_layout, visible
+from gateway.engine.batch.forward import step_layout
 
 if TYPE_CHECKING:
     from gateway.engine.batch.slots import SlotCache
 
 log = logging.getLogger("gateway.engine.graphs")
 
-# (ids, mask, position_ids, rows, positions, keys, values, keep) -> (B, T or 1, V or H)
+# (inputs (6, B, T), arange(span), keys, values) -> (B, T or 1, V or H): compiled.py `_step`
 Step = Callable[..., torch.Tensor]
 
 MIN_SPAN = 64  # the smallest key-span bucket
@@ -82,15 +82,10 @@ class GraphedSteps:
     `device`: the model's; on CUDA the graphs are recorded (and every CUDA call made) on
     it, elsewhere the bucketed step runs eagerly (the CPU tests)."""
 
-    def __init__(
-        self, step: Step, max_rows: int, max_tokens: int, window: int | None,
-        dtype: torch.dtype, device: torch.device,
-    ) -> None:  # fmt: skip
+    def __init__(self, step: Step, max_rows: int, max_tokens: int, device: torch.device) -> None:
         self.step = step
         self.max_rows = max_rows
         self.max_tokens = max_tokens
-        self.window = window
-        self.dtype = dtype
         self.device = device
         self.capture = device.type == "cuda"
         self.captures = 0  # graphs recorded so far (all caches)
@@ -147,13 +142,10 @@ class GraphedSteps:
         self, cache: SlotCache, slots: list[int], tokens: list[list[int]], starts: list[int],
         rows: int, width: int,
     ) -> torch.Tensor:  # fmt: skip
-        """The step's (6, rows, width) input: batch/forward.py's `row_layout` (token ids,
-        position ids, write positions, last key seen) plus slot and kept position; real
-        rows padded with filler tokens, then filler rows (see the module's docstring)."""
-        grid = [*row_layout(tokens, starts, width), [], []]
-        for row, slot in zip(tokens, slots, strict=True):
-            grid[4] += [slot] * width
-            grid[5] += [len(row) - 1] * width
+        """The step's (6, rows, width) input: batch/forward.py's `step_layout` (token ids,
+        position ids, write positions, last key seen, slot and kept position); real rows
+        padded with filler tokens, then filler rows (see the module's docstring)."""
+        grid = step_layout(tokens, starts, slots, width)
         filler = rows - len(tokens)
         if filler:
             end = cache.capacity + cache.pad  # past the capacity: the slot's pad
@@ -216,19 +208,6 @@ class GraphedSteps:
         self, inputs: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
         span: int,
     ) -> torch.Tensor:  # fmt: skip
-        """The recorded step: unpack the input, build the mask, run the step. The parts are
-        copies, not views of the one input: a compiled step guards on how its inputs are
-        laid out, and views at each bucket's offsets would compile it again per bucket."""
-        ids, position_ids, positions, seen = (inputs[i].clone() for i in range(4))
-        slots, keep = inputs[4, :, 0].clone(), inputs[5, :, 0].clone()
-        return self.step(
-            ids, self._mask(seen, span), position_ids, slots, positions, keys, values, keep
-        )
-
-    def _mask(self, last_seen: torch.Tensor, span: int) -> torch.Tensor:
-        """(B, 1, T, span) additive, batch/forward.py's `visible` built on the device (a
-        graph keeps no CPU tensor): a query that sees no committed key sees key 0."""
-        keys = torch.arange(span, device=last_seen.device)
-        zero = torch.zeros((), dtype=self.dtype, device=last_seen.device)
-        low = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=zero.device)
-        return torch.where(visible(last_seen, keys, self.window, empty=True), zero, low)
+        """The recorded step: the step unpacks its one input and builds the mask itself
+        (compiled.py `_step`), over the bucket's key span."""
+        return self.step(inputs, torch.arange(span, device=inputs.device), keys, values)

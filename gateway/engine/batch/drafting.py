@@ -20,22 +20,21 @@ the tokens drafting alone gives (up to the shared forward's rounding); and whate
 draft proposes, the verifier's output is exact.
 
 The prompt is prefilled into the draft slot beside the target's chunked prefill
-(`prefill`), through the backbone only (no output head), so the first proposal feeds one
-token.
+(`prefill`; no logits are needed: through the backbone only, or through a reduced head's
+small product), so the first proposal feeds one token.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.batch.slots import SlotCache
-from gateway.engine.cpu_linear import linear
 from gateway.engine.models import LoadedModel, cache_kwarg
 from gateway.engine.proposers.base import Proposal
 from gateway.engine.proposers.draft_model import DraftModelProposer
@@ -82,8 +81,8 @@ class DraftBatch:
             self.cache.release(kv.slot)
 
     def prefill(self, items: list[tuple[DraftModelProposer, list[int]]]) -> None:
-        """Feed prompt chunks the target is prefilling, in one forward through the backbone
-        (no logits needed); a row whose draft context is too short is skipped (its first
+        """Feed prompt chunks the target is prefilling, in one forward (no logits needed:
+        `_prefill_output`); a row whose draft context is too short is skipped (its first
         proposal then feeds what is missing)."""
         fits = [
             (p, ids) for p, ids in items
@@ -95,8 +94,8 @@ class DraftBatch:
         batched_forward(
             self.draft.model, self._kwarg, self.cache,
             [self.members[id(p)].slot for p, _ in fits], [ids for _, ids in fits],
-            self.draft.device, keep_last=True, backbone=True, compiled=self.draft.compiled,
-            decoder=self.draft.decoder,
+            self.draft.device, keep_last=True, **self._prefill_output(),
+            compiled=self.draft.compiled, decoder=self.draft.decoder,
         )  # fmt: skip
         spent = time.perf_counter() - t0
         for p, ids in fits:
@@ -154,7 +153,6 @@ class DraftBatch:
         t0 = time.perf_counter()
         d = self.draft
         slots = [self.members[id(p)].slot for p in props]
-        head = d.draft_head
         out = batched_forward(
             d.model,
             self._kwarg,
@@ -163,13 +161,10 @@ class DraftBatch:
             feeds,
             d.device,
             keep_last=True,
-            backbone=head is not None,
             compiled=d.compiled,
             decoder=d.decoder,
-        )  # fmt: skip  [(1, V)] or [(1, H)]
-        if head is not None:
-            full = self._head(torch.cat(out))  # (B, V)
-            out = [full[r : r + 1] for r in range(len(props))]
+            head=d.draft_head,
+        )  # fmt: skip  [(1, V)]
         spent = time.perf_counter() - t0
         self.costs.observe(len(props), max(len(f) for f in feeds), spent)
         for p, s, feed in zip(props, slots, feeds, strict=True):
@@ -179,13 +174,10 @@ class DraftBatch:
         self.forward_s += spent
         return out
 
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
-        """The reduced head over hidden states (B, H): logits (B, V), -inf outside the
-        head's subset."""
-        head, d = self.draft.draft_head, self.draft
-        assert head is not None
-        apply = linear if head.weight_major else F.linear
-        sub = apply(h, head.weight, head.bias)  # (B, N)
-        full = torch.full((h.shape[0], d.vocab_size), float("-inf"), dtype=h.dtype, device=h.device)
-        index = head.token_ids[None].expand(h.shape[0], -1)  # (B, N)
-        return full.scatter_(1, index, sub)  # a third of the time of full[:, ids] = sub
+    def _prefill_output(self) -> dict[str, Any]:
+        """What a prefill forward computes: no logits are needed, so the backbone only;
+        with a reduced head, its logits all the same (one small product on the last
+        position), so that a short chunk runs the compiled drafting step (built with the
+        head inside)."""
+        head = self.draft.draft_head
+        return {"backbone": True} if head is None else {"head": head}

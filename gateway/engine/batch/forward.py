@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gateway.engine.batch.slots import SlotCache
-from gateway.engine.compiled import CompiledForwards
 
 if TYPE_CHECKING:
     from gateway.engine.batch.decoder import LeanDecoder
+    from gateway.engine.compiled import CompiledForwards
+    from gateway.engine.draft_head import DraftHead
 
 
 def batched_forward(
@@ -33,9 +34,11 @@ def batched_forward(
     backbone: bool = False,
     compiled: CompiledForwards | None = None,
     decoder: LeanDecoder | None = None,
+    head: DraftHead | None = None,
 ) -> list[torch.Tensor]:
     """Logits per row: (len(tokens[r]), V) each, or (1, V) of the last token with keep_last;
-    with backbone, the last hidden states instead ((.., H), the output head skipped).
+    with backbone, the last hidden states instead ((.., H), the output head skipped); with
+    `head` (a draft's reduced head, draft_head.py), the logits through that head.
     Writes each row's tokens into its slot at length[slot].. (the caller commits). With
     `compiled`, the model's compiled step runs the steps it was built for (engine/compiled.py;
     on CUDA as captured graphs, engine/graphs.py);
@@ -51,7 +54,7 @@ def batched_forward(
         raise ValueError("a padded row would write past its slot's padding")
     span = max(st + n for st, n in zip(starts, lengths, strict=True))
     if compiled is not None and not (
-        compiled.serves(b, t, keep_last, backbone) and cache.allocated
+        compiled.serves(b, t, keep_last, backbone, head) and cache.allocated
     ):
         compiled = None  # this step runs eager
     graphs = compiled.graphs if compiled is not None else None
@@ -59,23 +62,16 @@ def batched_forward(
         out = graphs(cache, slots, tokens, starts, span, keep_last)
         if out is not None:  # None: recording failed, the step runs eager below
             return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
+    if compiled is not None:
+        # ONE input tensor (the step unpacks it and builds the mask inside its graph): the
+        # shaping a step used to do here (a mask, six tensors) was 0.1 ms a forward.
+        inputs = torch.tensor(step_layout(tokens, starts, slots, t), device=device)
+        out = compiled(inputs.view(6, b, t), span_keys(span, device), cache)  # (B, T or 1, H or V)
+        return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
     window, dtype = model_facts(model)
     empty = any(st == 0 and n < t for st, n in zip(starts, lengths, strict=True))
     packed = torch.tensor(row_layout(tokens, starts, t)).view(4, b, t)
     ids, position_ids, positions, last_seen = packed[0], packed[1], packed[2], packed[3]
-    if compiled is not None:
-        # Tensors of their own, not views of `packed`: a compiled graph guards on how its
-        # inputs are laid out, and views of one base compiled a graph per layout.
-        out = compiled(
-            ids.to(device, copy=True),
-            _mask(last_seen, span, window, dtype, empty).to(device),
-            position_ids.to(device, copy=True),
-            torch.tensor(slots, device=device),
-            positions.to(device, copy=True),
-            cache,
-            torch.tensor(lengths, device=device) - 1,
-        )  # fmt: skip  (B, T or 1, H or V)
-        return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
     # One row feeding one token sees its whole slot: no mask needed (the fast SDPA path).
     mask = None
     if b > 1 or t > 1 or window is not None:
@@ -89,6 +85,7 @@ def batched_forward(
         lo = min(slots)
         cache.step_range = (lo, lo + b) if slots == list(range(lo, lo + b)) else None
     cache.step_span = span
+    hidden = backbone or head is not None
     if decoder is not None:
         keep = [n - 1 for n in lengths] if keep_last else None
         out = decoder(
@@ -97,21 +94,23 @@ def batched_forward(
             position_ids.to(device),
             cache,
             keep=keep,
-            backbone=backbone,
+            backbone=hidden,
         )  # fmt: skip  (B, T or 1, H or V)
-        return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
-    forward = model.base_model if backbone else model
-    out = forward(
-        input_ids=ids.to(device),
-        attention_mask=None if mask is None else mask.to(device),
-        position_ids=position_ids.to(device),
-        use_cache=True,
-        **{kwarg: cache},
-    )
-    logits = out.last_hidden_state if backbone else out.logits  # (B, T, H or V)
-    if keep_last:
-        return [logits[r, len(x) - 1 : len(x)] for r, x in enumerate(tokens)]
-    return [logits[r, : len(x)] for r, x in enumerate(tokens)]
+    else:
+        forward = model.base_model if hidden else model
+        res = forward(
+            input_ids=ids.to(device),
+            attention_mask=None if mask is None else mask.to(device),
+            position_ids=position_ids.to(device),
+            use_cache=True,
+            **{kwarg: cache},
+        )
+        out = res.last_hidden_state if hidden else res.logits  # (B, T, H or V)
+        if keep_last:
+            out = torch.stack([out[r, n - 1] for r, n in enumerate(lengths)])[:, None]  # (B, 1, ..)
+    if head is not None:
+        out = head(out)  # (B, T or 1, V)
+    return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
 
 
 def row_layout(tokens: list[list[int]], starts: list[int], width: int) -> list[list[int]]:
@@ -129,6 +128,20 @@ def row_layout(tokens: list[list[int]], starts: list[int], width: int) -> list[l
         grid[1] += [*range(st, st + n), *[st + n - 1] * pad]
         grid[2] += range(st, st + width)
         grid[3] += [*range(st, st + n), *[st - 1] * pad]
+    return grid
+
+
+def step_layout(
+    tokens: list[list[int]], starts: list[int], slots: list[int], width: int
+) -> list[list[int]]:
+    """A compiled step's one input, as six flat lists of len(tokens) x width: `row_layout`'s
+    four, then each row's slot and the position its logits are kept at (a draft's step),
+    repeated along the row (engine/compiled.py `unpack`)."""
+    grid = row_layout(tokens, starts, width)
+    grid += [[], []]
+    for row, slot in zip(tokens, slots, strict=True):
+        grid[4] += [slot] * width
+        grid[5] += [len(row) - 1] * width
     return grid
 
 
@@ -156,16 +169,32 @@ def _mask(
     return torch.where(visible(last_seen, _keys(span), window, empty), zero, low)
 
 
-_KEYS = torch.arange(0)
+def step_mask(
+    last_seen: torch.Tensor, keys: torch.Tensor, window: int | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """`_mask` as a compiled step builds it inside its graph (no kept tensors; a query that
+    sees no committed key sees key 0, which changes nothing for the others)."""
+    zero = torch.zeros((), dtype=dtype, device=last_seen.device)
+    low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=last_seen.device)
+    return torch.where(visible(last_seen, keys, window, empty=True), zero, low)
+
+
+_KEYS: dict[torch.device, torch.Tensor] = {}
 _FILLS: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _keys(span: int) -> torch.Tensor:
-    """arange(span), sliced from one kept tensor (grown when a longer span comes)."""
-    global _KEYS
-    if _KEYS.shape[0] < span:
-        _KEYS = torch.arange(max(span, 2 * _KEYS.shape[0], 1024))
-    return _KEYS[:span]
+    return span_keys(span, torch.device("cpu"))
+
+
+def span_keys(span: int, device: torch.device) -> torch.Tensor:
+    """arange(span) on `device`, sliced from one kept tensor per device (grown when a
+    longer span comes): a compiled step's key span is this tensor's length."""
+    keys = _KEYS.get(device)
+    if keys is None or keys.shape[0] < span:
+        n = max(span, 1024) if keys is None else max(span, 2 * keys.shape[0])
+        keys = _KEYS[device] = torch.arange(n, device=device)
+    return keys[:span]
 
 
 def _fill(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

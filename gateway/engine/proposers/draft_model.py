@@ -165,9 +165,7 @@ class DraftModelProposer:
         t0 = time.perf_counter()
         cache = self._own.cache
         if self._head is not None:
-            logits = head_logits(
-                self._model, self._head, self._kwarg, ids, cache, self._device, self._vocab
-            )
+            logits = head_logits(self._model, self._head, self._kwarg, ids, cache, self._device)
         else:
             logits = forward_logits(self._model, self._kwarg, ids, cache, self._device, 1)
         self.fed_tokens(ids, time.perf_counter() - t0)

@@ -20,7 +20,7 @@ from gateway.engine.compiled import FASTER, CompiledForwards, compiled_model, fa
 from gateway.engine.models import cache_kwarg, wrap_model
 
 from .conftest import llama
-from .test_batch import drive, mixed_jobs, run_batch
+from .test_batch import draft_jobs, drive, mixed_jobs, run_batch
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch, "compile"), reason="torch.compile is not available"
@@ -48,6 +48,45 @@ def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(model_dirs, arch)
     # the batch, whatever its lengths and row counts, compiled nothing more
     assert 0 < warm - graphs <= 8
     assert counters["stats"]["unique_graphs"] == warm
+
+
+def test_a_compiled_draft_runs_its_reduced_head_in_its_step_and_drafts_what_eager_drafts(
+    model_dirs, tokenizer
+) -> None:
+    """A draft with a reduced head compiles the head into its drafting step: its logits
+    come out of the step -inf outside the subset, and each row drafts, and has accepted,
+    what the eager draft gives. The draft is the target's own model drafting among half
+    the vocabulary: it is accepted exactly where the target's choice lies in the subset
+    (through the full head it would be accepted everywhere)."""
+    from gateway.engine.batch.forward import batched_forward
+    from gateway.engine.compiled import _scratch
+
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    subset = list(range(0, len(tokenizer), 2))
+    draft = wrap_model(target.model, tokenizer, draft_vocab=subset, cpu_linear=False)
+    engine = Engine(target)
+    eager = run_batch(engine, draft_jobs(draft))
+    fast, _ = compiled_model(draft, 8, draft=True)
+    assert fast.compiled is not None and fast.compiled.head is draft.draft_head
+    got = run_batch(engine, draft_jobs(fast))
+    for a, b in zip(eager, got, strict=True):
+        assert b.token_ids == a.token_ids
+        assert (b.stats.drafted, b.stats.accepted) == (a.stats.drafted, a.stats.accepted)
+    assert 0 < sum(r.stats.accepted for r in got) < sum(r.stats.drafted for r in got)
+    outside = torch.ones(len(tokenizer), dtype=torch.bool)
+    outside[subset] = False
+    with torch.inference_mode():
+        outs = []
+        for compiled in (None, fast.compiled):
+            cache, slots = _scratch(fast, 2, [[3, 4, 5], [6, 7]])
+            cache.length[slots[0]], cache.length[slots[1]] = 3, 2
+            outs.append(batched_forward(
+                fast.model, cache_kwarg(fast.model), cache, slots, [[8], [9]], fast.device,
+                keep_last=True, compiled=compiled, decoder=fast.decoder, head=fast.draft_head,
+            ))  # fmt: skip
+    for a, b in zip(*outs, strict=True):
+        assert b.shape == (1, len(tokenizer)) and torch.isneginf(b[0, outside]).all()
+        torch.testing.assert_close(b[0, ~outside], a[0, ~outside], rtol=1e-5, atol=1e-5)
 
 
 def test_each_kind_traces_one_layer_and_reuses_its_code_for_the_others(tokenizer) -> None:
@@ -85,23 +124,31 @@ def test_each_kind_traces_one_layer_and_reuses_its_code_for_the_others(tokenizer
             for a, b in zip(*outs, strict=True):
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
         # on a CPU a one-token step attends with the plain products inductor fuses, not
-        # torch's SDPA kernel (compiled._family: its fixed cost a call is what it saves)
+        # torch's SDPA kernel (compiled._family: its fixed cost a call is what it saves);
+        # one row's products are generated reductions, not torch's mm with its input copy
+        # (compiled.INDUCTOR)
         cache, slots = caches[1]
-        with torch.profiler.profile() as prof:
-            batched_forward(lm.model, cache_kwarg(lm.model), cache, slots[:1], [[24]],
-                            lm.device, compiled=fast.compiled, decoder=lm.decoder)  # fmt: skip
-        ops = {e.name for e in prof.events()}
-        assert "aten::mm" in ops and not [n for n in ops if "scaled_dot_product" in n]
+        ops = []
+        for feeds in ([[24], [25], [26]], [[27]]):
+            with torch.profiler.profile() as prof:
+                batched_forward(
+                    lm.model, cache_kwarg(lm.model), cache, slots[: len(feeds)], feeds,
+                    lm.device, compiled=fast.compiled, decoder=lm.decoder,
+                )  # fmt: skip
+            ops.append({e.name for e in prof.events()})
+            assert not [n for n in ops[-1] if "scaled_dot_product" in n]
+        assert "aten::mm" in ops[0]  # three rows: torch's mm
+        assert not {"aten::mm", "aten::clone"} & ops[1]  # one row
 
 
 def test_a_step_runs_compiled_only_for_the_kinds_kept() -> None:
-    fast = CompiledForwards(lambda *a: None, keep_last=False, backbone=False,
-                            kinds=frozenset({"Bx1"}))  # fmt: skip
-    assert fast.serves(4, 1, keep_last=False, backbone=False)
-    assert not fast.serves(4, 3, keep_last=False, backbone=False)  # BxN not kept
-    assert not fast.serves(1, 3, keep_last=False, backbone=False)  # 1xN not kept
-    assert not fast.serves(1, 1, keep_last=False, backbone=False)  # 1x1 not kept
-    assert not fast.serves(4, 1, keep_last=True, backbone=False)  # built for another use
+    fast = CompiledForwards(lambda *a: None, keep_last=False, kinds=frozenset({"Bx1"}))
+    assert fast.serves(4, 1, keep_last=False, backbone=False, head=None)
+    assert not fast.serves(4, 3, keep_last=False, backbone=False, head=None)  # BxN not kept
+    assert not fast.serves(1, 3, keep_last=False, backbone=False, head=None)  # 1xN not kept
+    assert not fast.serves(1, 1, keep_last=False, backbone=False, head=None)  # 1x1 not kept
+    assert not fast.serves(4, 1, keep_last=True, backbone=False, head=None)  # another use
+    assert not fast.serves(4, 1, keep_last=False, backbone=True, head=None)  # hidden states
     assert faster_kinds({"1xN": 1.01, "Bx1": 0.8, "BxN": FASTER}) == {"Bx1", "BxN"}
 
 
@@ -171,19 +218,19 @@ def test_a_call_a_precompiled_step_refuses_runs_just_in_time_and_the_log_says_so
     from gateway.engine.compiled import Precompiled
 
     class Artifact:  # accepts up to 4 tokens a row
-        def guard_check(self, ids: torch.Tensor) -> bool:
-            return ids.shape[1] <= 4
+        def guard_check(self, inputs: torch.Tensor) -> bool:
+            return inputs.shape[2] <= 4
 
-        def __call__(self, ids: torch.Tensor) -> str:
+        def __call__(self, inputs: torch.Tensor) -> str:
             return "artifact"
 
-    step = Precompiled(None, lambda ids: "jit", None, tmp_path, "x")  # type: ignore[arg-type]
+    step = Precompiled(None, lambda inputs: "jit", None, None, tmp_path, "x")  # type: ignore[arg-type]
     step.fns["1xN"] = Artifact()
     with caplog.at_level(logging.WARNING, "gateway.engine.compiled"):
-        got = [step(torch.zeros(1, t, dtype=torch.long)) for t in (3, 5, 6, 4)]
+        got = [step(torch.zeros(6, 1, t, dtype=torch.long)) for t in (3, 5, 6, 4)]
     assert got == ["artifact", "jit", "jit", "artifact"]
     said = [r.getMessage() for r in caplog.records if "guards refuse" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("step kind 1xN") and "(1, 5)" in said[0]
+    assert len(said) == 1 and said[0].startswith("step kind 1xN") and "(6, 1, 5)" in said[0]
 
 
 def test_another_model_config_does_not_load_a_precompiled_step(model_dirs, tmp_path) -> None:

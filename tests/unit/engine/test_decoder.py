@@ -115,7 +115,7 @@ def test_joined_projections_compute_the_layers_own_and_hold_no_second_copy(
     lean = lm.decoder
     assert isinstance(lean, LeanDecoder)
     weights = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
-    step = compile_forwards(lean, keep_last=False, backbone=False, inductor=False)  # joins
+    step = compile_forwards(lean, keep_last=False, inductor=False)  # joins
     assert lean.joined is not None and len(lean.joined) == lm.model.config.num_hidden_layers
     for layer, joined in zip(lean._layers, lean.joined, strict=True):
         a, m = layer.self_attn, layer.mlp

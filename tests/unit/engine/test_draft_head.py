@@ -55,7 +55,7 @@ def test_head_logits_are_the_full_logits_on_the_subset_step_by_step() -> None:
     with torch.inference_mode():
         for ids in ([7, 8, 9, 10], [11], [12], [3, 4]):
             full = forward_logits(model, kw, ids, full_cache, cpu, 1)
-            part = head_logits(model, head, kw, ids, part_cache, cpu, VOCAB)
+            part = head_logits(model, head, kw, ids, part_cache, cpu)
             assert part.shape == (1, VOCAB)
             torch.testing.assert_close(part[0, subset], full[0, subset], atol=1e-5, rtol=1e-5)
             assert torch.isneginf(part[0, outside]).all()

@@ -143,7 +143,7 @@ def test_a_step_whose_padded_width_would_pass_the_slot_pad_is_not_bucketed() -> 
     from gateway.engine.graphs import GraphedSteps
 
     cpu = torch.device("cpu")
-    graphs = GraphedSteps(lambda *a: None, 8, 16, None, torch.float32, cpu)  # type: ignore[arg-type, return-value]
+    graphs = GraphedSteps(lambda *a: None, 8, 16, cpu)  # type: ignore[arg-type, return-value]
     cache = SlotCache(1, 8, 64, pad=6)
     assert graphs.serves(8, 4, cache)  # 4 tokens: width 4, inside the pad of 6
     assert not graphs.serves(8, 5, cache)  # 5 tokens pad to 8: past the pad
