@@ -63,6 +63,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    from gateway.engine import draft_head
     from gateway.engine.batch import drafting, scheduler
     from gateway.engine.batch.decoder import LeanDecoder
     from gateway.engine.compiled import CompiledForwards
@@ -77,7 +78,9 @@ def install() -> None:
         (scheduler.Batch, "_finish", "finish"),
         (drafting.DraftBatch, "propose", "draft_propose"),
         (drafting.DraftBatch, "prefill", "draft_prefill"),
-        (drafting.DraftBatch, "_head", "draft_head"),  # a reduced head's product
+        (drafting.DraftBatch, "_head", "draft_head"),  # a reduced head (checkouts before e54d91a)
+        (draft_head.DraftHead, "__call__", "draft_head"),  # a reduced head, eager (compiled
+        # steps call its forward inside their graph: compute)
         (LeanDecoder, "__call__", COMPUTE),
         (CompiledForwards, "__call__", COMPUTE),
     ]

@@ -151,11 +151,11 @@ def test_reduced_draft_head_follows_cpu_linear(model_dirs, tmp_path, monkeypatch
         calls.clear()
         head, kw = lm.draft_head, cache_kwarg(lm.model)
         with torch.inference_mode():
-            rows.append(head_logits(lm.model, head, kw, [5, 9, 3], DynamicCache(), CPU, vocab))
+            rows.append(head_logits(lm.model, head, kw, [5, 9, 3], DynamicCache(), CPU))
         assert (calls == []) is (lm is on)  # F.linear (backbone and head) only when opted out
         monkeypatch.undo()
     torch.testing.assert_close(rows[0], rows[1], rtol=1e-5, atol=1e-5)
-    assert torch.isfinite(rows[0]).sum() == 6
+    assert rows[0].shape == (1, vocab) and torch.isfinite(rows[0]).sum() == 6
 
 
 def test_a_kept_verdict_is_read_back_instead_of_measured_again(
