@@ -63,8 +63,8 @@ def batched_forward(
         if out is not None:  # None: recording failed, the step runs eager below
             return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
     if compiled is not None:
-        # ONE input tensor (the step unpacks it and builds the mask inside its graph): the
-        # shaping a step used to do here (a mask, six tensors) was 0.1 ms a forward.
+        # ONE input tensor (the step unpacks it and builds the mask inside its graph):
+        # building a mask and six tensors here measured 0.1 ms a forward, this 0.06.
         inputs = torch.tensor(step_layout(tokens, starts, slots, t), device=device)
         out = compiled(inputs.view(6, b, t), span_keys(span, device), cache)  # (B, T or 1, H or V)
         return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
@@ -136,7 +136,7 @@ def step_layout(
 ) -> list[list[int]]:
     """A compiled step's one input, as six flat lists of len(tokens) x width: `row_layout`'s
     four, then each row's slot and the position its logits are kept at (a draft's step),
-    repeated along the row (engine/compiled.py `unpack`)."""
+    repeated along the row (engine/compiled.py `_step` unpacks it)."""
     grid = row_layout(tokens, starts, width)
     grid += [[], []]
     for row, slot in zip(tokens, slots, strict=True):
