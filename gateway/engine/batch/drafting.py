@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -81,9 +80,8 @@ class DraftBatch:
             self.cache.release(kv.slot)
 
     def prefill(self, items: list[tuple[DraftModelProposer, list[int]]]) -> None:
-        """Feed prompt chunks the target is prefilling, in one forward (no logits needed:
-        `_prefill_output`); a row whose draft context is too short is skipped (its first
-        proposal then feeds what is missing)."""
+        """Feed prompt chunks the target is prefilling, in one forward; a row whose draft
+        context is too short is skipped (its first proposal then feeds what is missing)."""
         fits = [
             (p, ids) for p, ids in items
             if ids and self.cache.length[self.members[id(p)].slot] + len(ids) <= self.cache.capacity
@@ -91,10 +89,14 @@ class DraftBatch:
         if not fits:
             return
         t0 = time.perf_counter()
+        # No logits are needed: the backbone only; with a reduced head, its logits all the
+        # same (one small product on the last position), so that a short chunk runs the
+        # compiled drafting step, which is built with the head inside.
+        head = self.draft.draft_head
         batched_forward(
             self.draft.model, self._kwarg, self.cache,
             [self.members[id(p)].slot for p, _ in fits], [ids for _, ids in fits],
-            self.draft.device, keep_last=True, **self._prefill_output(),
+            self.draft.device, keep_last=True, backbone=head is None, head=head,
             compiled=self.draft.compiled, decoder=self.draft.decoder,
         )  # fmt: skip
         spent = time.perf_counter() - t0
@@ -173,11 +175,3 @@ class DraftBatch:
         self.forwards += 1
         self.forward_s += spent
         return out
-
-    def _prefill_output(self) -> dict[str, Any]:
-        """What a prefill forward computes: no logits are needed, so the backbone only;
-        with a reduced head, its logits all the same (one small product on the last
-        position), so that a short chunk runs the compiled drafting step (built with the
-        head inside)."""
-        head = self.draft.draft_head
-        return {"backbone": True} if head is None else {"head": head}

@@ -166,7 +166,7 @@ def _mask(
     """(B, 1, T, S) additive (`visible`): 0 where a query sees, the dtype's minimum where
     it does not."""
     zero, low = _fill(dtype)
-    return torch.where(visible(last_seen, _keys(span), window, empty), zero, low)
+    return torch.where(visible(last_seen, span_keys(span, _CPU), window, empty), zero, low)
 
 
 def step_mask(
@@ -180,11 +180,8 @@ def step_mask(
 
 
 _KEYS: dict[torch.device, torch.Tensor] = {}
+_CPU = torch.device("cpu")  # where `_mask` is built
 _FILLS: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _keys(span: int) -> torch.Tensor:
-    return span_keys(span, torch.device("cpu"))
 
 
 def span_keys(span: int, device: torch.device) -> torch.Tensor:
