@@ -100,6 +100,10 @@ class CompiledForwards:
     the compiled step measured faster than eager (`measure_kinds`)."""
     graphs: GraphedSteps | None = None
     """On CUDA: the step padded to buckets and replayed as captured graphs (graphs.py)."""
+    contiguous: bool = False
+    """Whether the step's several-token kinds read the rows' keys and values as one view of
+    the slot buffers (`_layer`): the rows must then be slots lo, lo + 1, ... in order
+    (batch/forward.py `contiguous_rows` arranges them, with filler rows in the gaps)."""
 
     def serves(
         self, rows: int, tokens: int, keep_last: bool, backbone: bool, head: DraftHead | None
@@ -115,11 +119,14 @@ class CompiledForwards:
             and kind(rows, tokens) in self.kinds
         )
 
-    def __call__(self, inputs: torch.Tensor, span: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+    def __call__(
+        self, inputs: torch.Tensor, span: torch.Tensor, base: torch.Tensor, cache: SlotCache
+    ) -> torch.Tensor:
         """inputs: (6, B, T), batch/forward.py `step_layout`; span: arange(S), S the key
-        span (batch/forward.py `span_keys`)."""
+        span (batch/forward.py `span_keys`); base: a tensor of lo + 2 elements, lo the first
+        row's slot (batch/forward.py `slot_base`; read by a `contiguous` step only)."""
         keys, values = cache.buffers()
-        return self.step(inputs, span, keys, values)
+        return self.step(inputs, span, base, keys, values)
 
 
 def kind(rows: int, tokens: int) -> str:
@@ -132,8 +139,8 @@ def kind(rows: int, tokens: int) -> str:
 
 def _step(
     lean: LeanDecoder, keep_last: bool, head: DraftHead | None, window: int | None,
-    dtype: torch.dtype, inputs: torch.Tensor,
-    span: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+    dtype: torch.dtype, contiguous: bool, inputs: torch.Tensor, span: torch.Tensor,
+    base: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
 ) -> torch.Tensor:  # fmt: skip
     """The lean decoder's layers as one function of tensors. inputs: (6, B, T) integers,
     batch/forward.py `step_layout` (token ids, position ids, write positions, the last key
@@ -141,7 +148,8 @@ def _step(
     tensor, unpacked here, and the attention mask built here from it (inductor fuses it
     into the attention), where building a mask and six tensors per forward outside took
     0.1 ms of Python and dispatch. span: arange(S), S the key span. window, dtype: the
-    model's sliding window and dtype (batch/forward.py `model_facts`). keys/values: each
+    model's sliding window and dtype (batch/forward.py `model_facts`). contiguous, base:
+    see `_layer` (base: lo + 2 elements, lo the first row's slot). keys/values: each
     layer's slot buffers (slots, kv_heads, capacity, D), written at (rows, positions) in
     place. Returns logits (B, T, V), or (B, 1, V) of each row's kept position with
     keep_last; with `head`, through that reduced head (its product and the scatter into
@@ -167,10 +175,16 @@ def _step(
     h = inner.embed_tokens.forward(ids)  # (B, T, H)
     cos, sin = inner.rotary_emb.forward(h, position_ids)
     family = _family(lean, ids.shape[1])
+    # Several tokens a row: the rows' keys as a view of their slot range (`_layer`). One
+    # token a row gathers them: inductor fuses that gather into the plain attention's
+    # products, where the view measured no faster.
+    view = base if contiguous and ids.shape[1] != 1 else None
     joined = lean.joined
     for i, layer in enumerate(lean._layers):
         j = None if joined is None else joined[i]
-        h = _layer(layer, j, family, h, cos, sin, mask, keys[i], values[i], rows, positions)
+        h = _layer(
+            layer, j, family, h, cos, sin, mask, keys[i], values[i], rows, positions, view
+        )  # fmt: skip
     if keep_last:
         h = h[torch.arange(ids.shape[0], device=ids.device), keep][:, None]  # (B, 1, H)
     if head is None:
@@ -197,11 +211,19 @@ def _family(lean: LeanDecoder, tokens: int) -> Family:
 def _layer(
     layer: Any, joined: Joined | None, family: Family, h: torch.Tensor, cos: torch.Tensor,
     sin: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-    rows: torch.Tensor, positions: torch.Tensor,
+    rows: torch.Tensor, positions: torch.Tensor, base: torch.Tensor | None,
 ) -> torch.Tensor:  # fmt: skip
     """One layer of `_step` (batch/decoder.py `block`): its new keys and values written into
     its slot buffers at (rows, positions), the step attending to each row's keys up to the
-    span. `joined`: the layer's joined projections (batch/decoder.py `Joined`), or None."""
+    span. `joined`: the layer's joined projections (batch/decoder.py `Joined`), or None.
+
+    The keys attended: with `base` (lo + 2 elements), the rows are slots lo, lo + 1, ...
+    in order, and attention reads the buffers' view [lo : lo + B, :, :S], where gathering
+    the rows copies every row's keys and values a layer (on the demo target, 8 rows x 4
+    tokens with 120 cached: 1.7 of 10.5 ms a step in that copy and its writes). Without,
+    each row's slot is gathered. The values read are the same; a view measured 0.94 of
+    the step's time in the several-token kinds (8 x 4 and 1 x 3 tokens), 1.0 in one-token
+    ones (one process, alternating calls, Intel Xeon with AMX, 2 cores)."""
     span = mask.shape[-1]
     heads = torch.arange(keys.shape[1], device=h.device)
     where = (rows[:, None, None], heads[None, :, None], positions[:, None, :])  # (B, kvH, T)
@@ -209,6 +231,13 @@ def _layer(
     def kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys.index_put_(where, k)
         values.index_put_(where, v)
+        if base is not None and keys.shape[0] == 1:  # one slot (a size torch specialises)
+            return keys[:, :, :span], values[:, :, :span]
+        if base is not None:
+            lo, b = base.shape[0] - 2, rows.shape[0]
+            torch._check(lo >= 0)
+            torch._check(lo + b <= keys.shape[0])
+            return keys[lo : lo + b, :, :span], values[lo : lo + b, :, :span]
         return keys[rows, :, :span], values[rows, :, :span]  # (B, kvH, S, D)
 
     return block(layer, family, h, cos, sin, mask, kv, attention_extra(layer.self_attn), joined)
@@ -400,21 +429,26 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, head: DraftHead | None) -> 
 def _jit(step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """`step` compiled just in time, with dynamic shapes, tracing float attributes (a
     norm's epsilon) as constants: inductor cannot compile `_layer`, a nested region, with
-    a float input it reads as a scalar (torch 2.13). One kept config patch: about 4 us a
-    call. `step` runs as a copy with a code object of its own: torch keeps compiled entries
-    per code object and, past 8 of them (`recompile_limit`), runs the function eager with
-    a warning; every model's step shares one code object otherwise, so a third model's
-    kinds ran eager in a process that compiled two."""
+    a float input it reads as a scalar (torch 2.13), and without duck sizing. Kept config
+    patches: about 4 us a call each. `step` runs as a copy with a code object of its own:
+    torch keeps compiled entries per code object and, past 8 of them (`recompile_limit`),
+    runs the function eager with a warning; every model's step shares one code object
+    otherwise, so a third model's kinds ran eager in a process that compiled two."""
     own = types.FunctionType(
         step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__,
         step.__closure__,
     )  # fmt: skip
+    import torch.fx.experimental._config as fx_config
+
     compiled = torch.compile(own, dynamic=True, options=dict(INDUCTOR))
     floats = torch._dynamo.config.patch(specialize_float=True)
+    # No size equalities guessed from equal example sizes (as `Precompiled`): the slot base
+    # (lo + 2) of a warm-up's first rows is 2, as is its row count.
+    sizes = fx_config.patch(use_duck_shape=False)  # type: ignore[attr-defined]
 
     def call(*args: Any) -> torch.Tensor:
         _static_layout(args[0])
-        with floats:
+        with floats, sizes:
             return compiled(*args)  # type: ignore[no-any-return]
 
     return call
@@ -434,8 +468,13 @@ def compile_forwards(
     lean.join_projections()
     window, dtype = model_facts(lean.model)
 
+    # Captured graphs pad a bucket with filler rows of the first row's slot: they gather.
+    # So does a draft's step: its several-token steps (a first feed after a verify) run
+    # for the rows still drafting, whose slots leave gaps that filler rows would compute.
+    contiguous = graph_rows <= 0 and not keep_last
+
     def step(*args: Any) -> torch.Tensor:
-        return _step(lean, keep_last, head, window, dtype, *args)
+        return _step(lean, keep_last, head, window, dtype, contiguous, *args)
 
     fn: Callable[..., torch.Tensor] = step
     if inductor:
@@ -443,7 +482,7 @@ def compile_forwards(
         if store is not None:
             fn = Precompiled(step, fn, lean, head, store, _fingerprint(lean, keep_last, head))
     if graph_rows <= 0:
-        return CompiledForwards(fn, keep_last, head)
+        return CompiledForwards(fn, keep_last, head, contiguous=contiguous)
     device = next(lean.model.parameters()).device
     graphs = GraphedSteps(fn, graph_rows, MAX_TOKENS, device)
     return CompiledForwards(fn, keep_last, head, KINDS, graphs)

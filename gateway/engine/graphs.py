@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gateway.engine.batch.forward import step_layout
+from gateway.engine.batch.forward import slot_base, step_layout
 
 if TYPE_CHECKING:
     from gateway.engine.batch.slots import SlotCache
@@ -210,4 +210,5 @@ class GraphedSteps:
     ) -> torch.Tensor:  # fmt: skip
         """The recorded step: the step unpacks its one input and builds the mask itself
         (compiled.py `_step`), over the bucket's key span."""
-        return self.step(inputs, torch.arange(span, device=inputs.device), keys, values)
+        base = slot_base(0, inputs.device)  # unread: a graph's filler rows share a slot
+        return self.step(inputs, torch.arange(span, device=inputs.device), base, keys, values)

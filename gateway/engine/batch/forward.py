@@ -57,6 +57,8 @@ def batched_forward(
         compiled.serves(b, t, keep_last, backbone, head) and cache.allocated
     ):
         compiled = None  # this step runs eager
+    elif compiled is not None and compiled.contiguous and cache.pad < t > 1 and not _ranged(slots):
+        compiled = None  # no room in a slot's pad for a filler row (`contiguous_rows`): eager
     graphs = compiled.graphs if compiled is not None else None
     if graphs is not None and graphs.serves(b, t, cache):  # padded to a bucket
         out = graphs(cache, slots, tokens, starts, span, keep_last)
@@ -65,9 +67,20 @@ def batched_forward(
     if compiled is not None:
         # ONE input tensor (the step unpacks it and builds the mask inside its graph):
         # building a mask and six tensors here measured 0.1 ms a forward, this 0.06.
+        where: list[int] | range = range(b)
+        lo = 0  # several tokens a row: the rows as slots lo, lo + 1, ... (compiled.py `_layer`)
+        if compiled.contiguous and t > 1:
+            lo = slots[0]
+            if not _ranged(slots):
+                slots, tokens, starts, where = contiguous_rows(slots, tokens, starts,
+                                                               cache.capacity)  # fmt: skip
+                lo = slots[0]
+        rows = len(slots)
         inputs = torch.tensor(step_layout(tokens, starts, slots, t), device=device)
-        out = compiled(inputs.view(6, b, t), span_keys(span, device), cache)  # (B, T or 1, H or V)
-        return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
+        out = compiled(
+            inputs.view(6, rows, t), span_keys(span, device), slot_base(lo, device), cache
+        )  # fmt: skip  (rows, T or 1, H or V)
+        return [out[where[r], : 1 if keep_last else n] for r, n in enumerate(lengths)]
     window, dtype = model_facts(model)
     empty = any(st == 0 and n < t for st, n in zip(starts, lengths, strict=True))
     packed = torch.tensor(row_layout(tokens, starts, t)).view(4, b, t)
@@ -131,6 +144,27 @@ def row_layout(tokens: list[list[int]], starts: list[int], width: int) -> list[l
     return grid
 
 
+def _ranged(slots: list[int]) -> bool:
+    """Whether `slots` are lo, lo + 1, ... in order."""
+    return slots == list(range(slots[0], slots[0] + len(slots)))
+
+
+def contiguous_rows(
+    slots: list[int], tokens: list[list[int]], starts: list[int], capacity: int
+) -> tuple[list[int], list[list[int]], list[int], list[int]]:
+    """The rows of a step as slots lo, lo + 1, ..., hi in order (what a contiguous compiled
+    step reads as one view, engine/compiled.py `_layer`), a filler row in each slot between
+    them that is not in the step: (slots, tokens, starts, where), where[i] the new index of
+    row i. A filler row feeds one token at the slot's capacity, so that its writes land in
+    the slot's pad (never read) and it widens no row's key span; its output is dropped."""
+    at = {slot: i for i, slot in enumerate(slots)}
+    lo, hi = min(slots), max(slots)
+    out_slots = list(range(lo, hi + 1))
+    out_tokens = [tokens[at[s]] if s in at else [0] for s in out_slots]
+    out_starts = [starts[at[s]] if s in at else capacity for s in out_slots]
+    return out_slots, out_tokens, out_starts, [slot - lo for slot in slots]
+
+
 def step_layout(
     tokens: list[list[int]], starts: list[int], slots: list[int], width: int
 ) -> list[list[int]]:
@@ -192,6 +226,19 @@ def span_keys(span: int, device: torch.device) -> torch.Tensor:
         n = max(span, 1024) if keys is None else max(span, 2 * keys.shape[0])
         keys = _KEYS[device] = torch.arange(n, device=device)
     return keys[:span]
+
+
+_BASES: dict[torch.device, torch.Tensor] = {}
+
+
+def slot_base(lo: int, device: torch.device) -> torch.Tensor:
+    """A tensor of lo + 2 elements: how a compiled step learns its first row's slot lo as a
+    size (a value would be data the graph cannot slice by; +2: torch specialises sizes 0
+    and 1), sliced from one kept tensor per device."""
+    base = _BASES.get(device)
+    if base is None or base.shape[0] < lo + 2:
+        base = _BASES[device] = torch.zeros(max(lo + 2, 64), dtype=torch.int8, device=device)
+    return base[: lo + 2]
 
 
 def _fill(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

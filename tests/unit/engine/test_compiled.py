@@ -280,3 +280,40 @@ def test_a_one_row_batch_is_served_by_the_steps_its_start_compiled(model_dirs, t
     assert [r.token_ids for r in got] == [r.token_ids for r in eager]
     assert counters["stats"]["unique_graphs"] == traced  # no just-in-time compile
     assert all(f is not None for s in steps for f in s.fns.values())
+
+
+def test_a_several_token_step_over_scattered_slots_reads_each_rows_own_keys(
+    model_dirs,
+) -> None:
+    """A compiled step of several tokens a row reads the rows' keys as one view of a slot
+    range (engine/compiled.py `_layer`), so rows in slots out of order and with gaps are
+    arranged, a filler row in each gap (batch/forward.py `contiguous_rows`). Each row's
+    logits must be the eager forward's, in the caller's row order, and the gaps' slots must
+    keep their committed keys."""
+    from gateway.engine.batch.forward import batched_forward
+    from gateway.engine.batch.slots import SlotCache, slot_pad
+
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    fast, _ = compiled_model(target, 4)
+    kwarg = cache_kwarg(target.model)
+    layers = int(target.model.config.num_hidden_layers)
+    cache = SlotCache(layers, 4, target.context_length, pad=slot_pad())
+    slots = [cache.take() for _ in range(4)]
+    prompts = [[3, 5, 7, 9, 11], [4, 6], [8, 10, 12, 14, 16, 18, 20], [13, 15, 17]]
+    with torch.inference_mode():
+        for slot, ids in zip(slots, prompts, strict=True):  # eager prefill, committed
+            batched_forward(target.model, kwarg, cache, [slot], [ids], target.device,
+                            decoder=target.decoder)  # fmt: skip
+            cache.length[slot] = len(ids)
+        keys, _ = cache.buffers()
+        kept = {s: keys[0][s, :, : cache.length[s]].clone() for s in (1, 2)}
+        rows, feeds = [3, 0], [[21, 22, 23], [24, 25]]  # out of order, slots 1 and 2 a gap
+        got = batched_forward(target.model, kwarg, cache, rows, feeds, target.device,
+                              compiled=fast.compiled, decoder=target.decoder)  # fmt: skip
+        want = batched_forward(target.model, kwarg, cache, rows, feeds, target.device,
+                               decoder=target.decoder)  # fmt: skip
+    for g, w, f in zip(got, want, feeds, strict=True):
+        assert g.shape == w.shape == (len(f), w.shape[-1])
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    for s, before in kept.items():
+        assert torch.equal(keys[0][s, :, : cache.length[s]], before)
