@@ -144,8 +144,16 @@ class Batch:
             self._leave(row)
 
     def _leave(self, row: Row) -> None:
+        """The row's slot goes back; the row in the highest slot moves into it, so that the
+        rows keep slots 0..n-1, which a compiled verify step reads as one view without
+        filler rows (batch/forward.py `contiguous_rows`; compiled.py `_layer`)."""
         self.rows.remove(row)
-        self.cache.release(row.slot)
+        freed = row.slot
+        last = max(self.rows, key=lambda r: r.slot, default=None)
+        if last is not None and last.slot > freed:
+            self.cache.move(last.slot, freed)
+            last.slot, freed = freed, last.slot
+        self.cache.release(freed)
         p = row.cfg.proposer
         db = self.drafts.get(id(p.draft)) if isinstance(p, DraftModelProposer) else None
         if db is not None and isinstance(p, DraftModelProposer):

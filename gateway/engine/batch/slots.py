@@ -109,10 +109,25 @@ class SlotCache(Cache):
         super().__init__(layers=[SlotLayer(self) for _ in range(layers)])
 
     def take(self) -> int:
-        """A free slot (its length reset to 0); raises IndexError when all are taken."""
-        slot = self.free.pop()
+        """The lowest free slot (its length reset to 0), so that rows fill slots 0, 1, ...
+        in a batch that keeps them packed (`move`); raises IndexError when all are taken."""
+        if not self.free:
+            raise IndexError("every slot is taken")
+        slot = min(self.free)
+        self.free.remove(slot)
         self.length[slot] = 0
         return slot
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot src's committed keys and values (its length) into slot dst, a free one;
+        src is then free. Before the first forward there is nothing to copy."""
+        n = self.length[src]
+        if n and self.allocated:
+            keys, values = self.buffers()
+            with torch.inference_mode():  # a cancel moves rows between steps
+                for buffer in (*keys, *values):
+                    buffer[dst, :, :n] = buffer[src, :, :n]
+        self.length[dst], self.length[src] = n, 0
 
     def release(self, slot: int) -> None:
         self.length[slot] = 0

@@ -161,6 +161,41 @@ def test_cancel_frees_the_slot_and_a_full_batch_refuses(llama_lm) -> None:
     batch.add(engine.prepare(DecodeRequest(PROMPTS[2], greedy(5))))  # the freed slot
 
 
+def test_rows_stay_packed_in_the_lowest_slots_and_a_moved_row_decodes_as_alone(
+    llama_lm, draft_lm
+) -> None:
+    """A row that leaves hands its slot to the row in the highest slot, whose keys and
+    values move with it (SlotCache.move), so that the rows keep slots 0..n-1 (what a
+    compiled verify step reads as one view); the moved rows, one of them speculative,
+    decode what they decode alone."""
+    engine = Engine(llama_lm)
+    reqs = [
+        DecodeRequest(PROMPTS[0], greedy(3)),
+        DecodeRequest(PROMPTS[1], greedy(6)),
+        DecodeRequest(PROMPTS[2], greedy(30)),
+        DecodeRequest(PROMPTS[3], greedy(30), mode="speculative", proposer="draft"),
+    ]
+    drafts = [None, None, None, draft_lm]
+    alone = [engine.run(r, d).token_ids for r, d in zip(reqs, drafts, strict=True)]
+    batch = engine.batch(4)
+    rows = [batch.add(engine.prepare(r, d)) for r, d in zip(reqs, drafts, strict=True)]
+    assert [r.slot for r in rows] == [0, 1, 2, 3]
+    got: dict[int, tuple[int, ...]] = {}
+    moved = False
+    while len(got) < len(rows):
+        for row, events in batch.step():
+            for e in events:
+                if isinstance(e, Finished):
+                    got[rows.index(row)] = e.result.token_ids
+        live = sorted(r.slot for r in batch.rows)
+        assert live == list(range(len(batch.rows)))  # packed after every departure
+        moved |= any(r.slot != i for i, r in enumerate(rows) if r in batch.rows)
+    assert moved  # a row really changed slot while decoding
+    assert [got[i] for i in range(len(rows))] == alone
+    batch.add(engine.prepare(DecodeRequest(PROMPTS[0], greedy(2))))
+    assert [r.slot for r in batch.rows] == [0]  # the lowest free slot
+
+
 def test_a_cancelled_callback_ends_the_row_with_cancelled(llama_lm) -> None:
     engine = Engine(llama_lm)
     batch = engine.batch(2)
