@@ -57,7 +57,12 @@ def batched_forward(
         compiled.serves(b, t, keep_last, backbone, head) and cache.allocated
     ):
         compiled = None  # this step runs eager
-    elif compiled is not None and compiled.contiguous and cache.pad < t > 1 and not _ranged(slots):
+    elif (
+        compiled is not None
+        and compiled.contiguous
+        and t > max(1, cache.pad)
+        and not _ranged(slots)
+    ):
         compiled = None  # no room in a slot's pad for a filler row (`contiguous_rows`): eager
     graphs = compiled.graphs if compiled is not None else None
     if graphs is not None and graphs.serves(b, t, cache):  # padded to a bucket
