@@ -231,9 +231,9 @@ def _layer(
     def kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys.index_put_(where, k)
         values.index_put_(where, v)
-        if base is not None and keys.shape[0] == 1:  # one slot (a size torch specialises)
-            return keys[:, :, :span], values[:, :, :span]
         if base is not None:
+            if keys.shape[0] == 1:  # one slot, a size torch specialises: lo is 0
+                return keys[:, :, :span], values[:, :, :span]
             lo, b = base.shape[0] - 2, rows.shape[0]
             torch._check(lo >= 0)
             torch._check(lo + b <= keys.shape[0])
@@ -306,8 +306,6 @@ class Precompiled:
         return out
 
     def _build(self, name: str, args: tuple[torch.Tensor, ...]) -> Any:
-        import torch.fx.experimental._config as fx_config
-
         path = _artifact(self.store, self.fingerprint, name)
         if path.exists():
             try:
@@ -321,13 +319,8 @@ class Precompiled:
             except Exception as exc:  # another torch, a damaged file: compile anew
                 log.warning("precompiled step %s not loaded (%s): compiling it", path, exc)
         try:
-            # No size equalities guessed from equal example sizes (duck sizing), and float
-            # attributes as constants (`_jit`; also a restart analysis aot_compile cannot
-            # take).
-            with (
-                torch._dynamo.config.patch(specialize_float=True),
-                fx_config.patch(use_duck_shape=False),  # type: ignore[attr-defined]
-            ):
+            floats, sizes = _tracing()
+            with floats, sizes:
                 compiler = torch.compile(
                     self.step, dynamic=True, fullgraph=True, options=dict(INDUCTOR)
                 )
@@ -354,6 +347,19 @@ def _static_layout(inputs: torch.Tensor) -> None:
     just-in-time step marks every call (0.4 us): any call may be the one that traces. Not
     a call to a loaded ahead-of-time step: its guards refuse a marked tensor (torch 2.13)."""
     torch._dynamo.mark_static(inputs, 0)
+
+
+def _tracing() -> tuple[Any, Any]:
+    """The config patches both compiles trace under: float attributes (a norm's epsilon) as
+    constants, which inductor needs for `_layer`, a nested region, and which aot_compile's
+    restart analysis needs too; and no size equalities guessed from equal example sizes
+    (duck sizing: a warm-up's slot base of 2, `slot_base`, would be tied to its 2 rows)."""
+    import torch.fx.experimental._config as fx_config
+
+    return (
+        torch._dynamo.config.patch(specialize_float=True),
+        fx_config.patch(use_duck_shape=False),  # type: ignore[attr-defined]
+    )
 
 
 def _head_facts(head: DraftHead | None) -> str:
@@ -427,24 +433,19 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, head: DraftHead | None) -> 
 
 
 def _jit(step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """`step` compiled just in time, with dynamic shapes, tracing float attributes (a
-    norm's epsilon) as constants: inductor cannot compile `_layer`, a nested region, with
-    a float input it reads as a scalar (torch 2.13), and without duck sizing. Kept config
-    patches: about 4 us a call each. `step` runs as a copy with a code object of its own:
-    torch keeps compiled entries per code object and, past 8 of them (`recompile_limit`),
-    runs the function eager with a warning; every model's step shares one code object
-    otherwise, so a third model's kinds ran eager in a process that compiled two."""
+    """`step` compiled just in time, with dynamic shapes, under `_tracing`'s settings
+    (inductor cannot compile `_layer`, a nested region, with a float input it reads as a
+    scalar; torch 2.13). Kept config patches: about 4 us a call each. `step` runs as a
+    copy with a code object of its own: torch keeps compiled entries per code object and,
+    past 8 of them (`recompile_limit`), runs the function eager with a warning; every
+    model's step shares one code object otherwise, so a third model's kinds ran eager in a
+    process that compiled two."""
     own = types.FunctionType(
         step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__,
         step.__closure__,
     )  # fmt: skip
-    import torch.fx.experimental._config as fx_config
-
     compiled = torch.compile(own, dynamic=True, options=dict(INDUCTOR))
-    floats = torch._dynamo.config.patch(specialize_float=True)
-    # No size equalities guessed from equal example sizes (as `Precompiled`): the slot base
-    # (lo + 2) of a warm-up's first rows is 2, as is its row count.
-    sizes = fx_config.patch(use_duck_shape=False)  # type: ignore[attr-defined]
+    floats, sizes = _tracing()
 
     def call(*args: Any) -> torch.Tensor:
         _static_layout(args[0])

@@ -57,12 +57,11 @@ def batched_forward(
         compiled.serves(b, t, keep_last, backbone, head) and cache.allocated
     ):
         compiled = None  # this step runs eager
-    elif (
-        compiled is not None
-        and compiled.contiguous
-        and t > max(1, cache.pad)
-        and not _ranged(slots)
-    ):
+    # Several tokens a row through a contiguous step: rows as slots lo, lo + 1, ...
+    # (compiled.py `_layer`); out of order or with gaps, they are arranged.
+    view = compiled is not None and compiled.contiguous and t > 1
+    arrange = view and not _ranged(slots)
+    if arrange and t > cache.pad:
         compiled = None  # no room in a slot's pad for a filler row (`contiguous_rows`): eager
     graphs = compiled.graphs if compiled is not None else None
     if graphs is not None and graphs.serves(b, t, cache):  # padded to a bucket
@@ -73,13 +72,9 @@ def batched_forward(
         # ONE input tensor (the step unpacks it and builds the mask inside its graph):
         # building a mask and six tensors here measured 0.1 ms a forward, this 0.06.
         where: list[int] | range = range(b)
-        lo = 0  # several tokens a row: the rows as slots lo, lo + 1, ... (compiled.py `_layer`)
-        if compiled.contiguous and t > 1:
-            lo = slots[0]
-            if not _ranged(slots):
-                slots, tokens, starts, where = contiguous_rows(slots, tokens, starts,
-                                                               cache.capacity)  # fmt: skip
-                lo = slots[0]
+        if arrange:
+            slots, tokens, starts, where = contiguous_rows(slots, tokens, starts, cache.capacity)
+        lo = slots[0] if view else 0
         rows = len(slots)
         inputs = torch.tensor(step_layout(tokens, starts, slots, t), device=device)
         out = compiled(
