@@ -83,7 +83,8 @@ demo target's one-row one-token step took 0.88 of its time (1.95 -> 1.72 ms, sam
 process, 128 cached tokens); with two to eight rows the reductions were 1.25-1.6x slower
 than the library, which is why only one row is taken. The sums run in another order than
 BLAS's, so a greedy choice may part from eager at a near tie (`python -m benchmarks
-engine_compiled` counts partings)."""
+engine_compiled` counts partings). A model given the weight-major linear (cpu_linear.py)
+writes its one-row products as that reduction itself, output head included."""
 
 
 @dataclass(frozen=True)

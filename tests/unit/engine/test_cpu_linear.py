@@ -41,6 +41,32 @@ def test_matches_torch_linear_up_to_rounding(shape, bias, monkeypatch) -> None:
     assert not torch.equal(got, torch.zeros_like(got))
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 3), (2, 1)])
+def test_compiled_one_row_is_a_reduction_and_several_rows_a_product(shape, bias) -> None:
+    """Traced by torch.compile, a one-row input is multiplied and summed (inductor
+    generates that reduction; no library product, see cpu_linear.linear) and several rows
+    keep the W @ x^T product; both give F.linear's values."""
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 80, bias=bias)
+    use_weight_major_linear(layer)
+    x = torch.randn(*shape, 48)
+    ops: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        got = torch.compile(layer, backend=backend, fullgraph=True)(x)
+    products = [op for op in ops if "matmul" in op or "mm" in op or "linear" in op]
+    rows = x.numel() // x.shape[-1]
+    assert (products == []) == (rows == 1), ops
+    assert got.shape == (*shape, 80) and got.is_contiguous()
+    torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
 def test_every_verify_step_fits_under_rows_max() -> None:
     assert ROWS_MAX >= MAX_K + 1
 
