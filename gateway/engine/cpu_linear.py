@@ -57,7 +57,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
         return F.linear(x, w, b)
     x2 = x.reshape(rows, x.shape[-1])  # (rows, in)
     if rows == 1 and torch.compiler.is_compiling():
-        y = (x2 * w).sum(-1, keepdim=True).T  # (1, out): a generated reduction (see above)
+        y = (x2 * w).sum(-1)[None]  # (1, out): a generated reduction (see above)
     else:
         cols = torch.cat((x2, x2)) if rows == 1 else x2  # one row is doubled (see above)
         y = (w @ cols.T)[:, :rows].T.contiguous()  # (rows, out), laid out as F.linear's
