@@ -125,7 +125,7 @@ def server(draft: str | None, slots: int, threads: int = 2, n_max: int = 8) -> I
     ]  # fmt: skip
     if draft is not None:
         cmd += ["-md", str(gguf(draft)), "--spec-draft-n-max", str(n_max)]
-    log = HOME / "server.log"
+    log = HOME / f"server-{draft or 'target'}.log"  # one each: two may run at once
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

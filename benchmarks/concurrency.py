@@ -53,9 +53,11 @@ def _prompts() -> list[str]:
 
 
 def _stream(
-    client: httpx.Client, key: str, prompt: str, decoding: dict[str, Any]
-) -> dict[str, Any]:
-    """One streamed completion: tokens, time to first token, gaps between chunks."""
+    client: httpx.Client, key: str, prompt: str, decoding: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One streamed completion: tokens, time to first token, gaps between chunks. `extra`:
+    more body fields (a peer server's own options)."""
     body = {
         "model": MODEL,
         "prompt": prompt,
@@ -64,6 +66,7 @@ def _stream(
         "stream": True,
         "stream_options": {"include_usage": True},
         "decoding": decoding,
+        **(extra or {}),
     }
     t0 = time.perf_counter()
     stamps: list[float] = []
@@ -95,14 +98,16 @@ def _stream(
 def _level(
     url: str, key: str, prompts: list[str], clients: int, per_client: int,
     decoding: dict[str, Any], alone: dict[str, str], keepalive: bool = True,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    runs, wall = _runs(url, key, prompts, clients, per_client, decoding, keepalive)
+    runs, wall = _runs(url, key, prompts, clients, per_client, decoding, keepalive, extra=extra)
     return _summary([(runs, wall)], alone)
 
 
 def _runs(
     url: str, key: str, prompts: list[str], clients: int, per_client: int,
     decoding: dict[str, Any], keepalive: bool = True, offset: int = 0,
+    extra: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:  # fmt: skip
     """`clients` clients streaming `per_client` requests each (prompts dealt from `offset`);
     every request's record and the wall seconds of the whole."""
@@ -114,7 +119,7 @@ def _runs(
     def client_run(mine: list[str]) -> list[dict[str, Any]]:
         limits = httpx.Limits(max_keepalive_connections=None if keepalive else 0)
         with httpx.Client(base_url=url, timeout=600, limits=limits) as client:
-            return [_stream(client, key, p, decoding) for p in mine]
+            return [_stream(client, key, p, decoding, extra) for p in mine]
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:

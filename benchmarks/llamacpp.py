@@ -9,12 +9,25 @@ code prompts, greedy, 64 new tokens, streamed /v1/completions through the same c
 model picks k each step). llama-server: no draft, and draft v2 with at most 8 drafted
 tokens (the same bound; it stops a draft early by its own rule), 8 slots, 2 threads (this
 machine's cores). The gateway runs twice: eager (the default) and with
-GATEWAY_COMPILE=auto (engine/compiled.py: compiled where it measured faster; its inductor
-cache is shared by the rounds, so only the first warm-up compiles). Each level runs at
-least concurrency.MIN_REQUESTS requests (8 at 1 client). No two servers run at once;
-rounds alternate the order, and the report gives medians over three rounds (one round of
-a level now and then runs several times slower than the others, a stall not reproduced
-alone) and every round's tokens/s (`rounds_tokens_per_s`).
+GATEWAY_COMPILE=auto (engine/compiled.py: compiled where it measured faster).
+
+Paired, interleaved: the four servers (two gateways, two llama-servers) start one after
+the other and then stay up, idle but for the one being measured (they never run requests
+at once). Each level (mode x clients) runs on every server back to back, the order
+alternating by round, so the servers of one level are measured within seconds of each
+other. On the 2-core machines this project runs on, throughput drifts by up to 2x within
+minutes (neighbours on the host); a run that measured each server over minutes of its own
+could not tell the servers apart from the drift. The goals' ratios are the median over
+rounds of each round's ratio (`compiled_ratios`); tokens/s are medians over rounds, and
+every round's are in `rounds_tokens_per_s`.
+
+llama-server keeps each slot's prompt and, by default (`cache_prompt`), serves a prompt it
+has seen from that cache instead of prefilling it. The benchmark repeats its 8 prompts
+across levels and rounds, so with that default llama-server would prefill almost nothing
+while the gateway, which has no prefix cache, prefills every prompt (runs before session
+13 measured that). The same-work comparison (the goals' ratios) therefore sends
+`cache_prompt: false`; the same servers are also measured with their default, prompts
+seen before (`llama_server_prompt_cache_*`, `compiled_ratios_over_prompt_cache`).
 `equal_to_gateway_eager_alone` is the smallest share, over llama-server's and the compiled
 gateway's levels, of texts equal to the eager gateway's standard output served alone.
 
@@ -25,7 +38,7 @@ minutes), under var/llamacpp/. It is an optional extra: `make test` never runs t
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -35,44 +48,17 @@ from benchmarks import _llamacpp
 from benchmarks.concurrency import MIN_REQUESTS, MODES, _level, _prompts, _stream, batch_gateway
 
 CLIENTS = (1, 8)
-COMPILE_CACHE = _llamacpp.ROOT / "var" / "bench-compile-cache"  # shared by the rounds
+COMPILE_CACHE = _llamacpp.ROOT / "var" / "bench-compile-cache"  # shared by the runs
 PEER_MODES: dict[str, str | None] = {"standard": None, "speculative": "draft_v2"}
-
-
-def _gateway_side(
-    prompts: list[str], per_client: Callable[[int], int], compiled: bool
-) -> tuple[dict[str, Any], dict[str, str]]:
-    out: dict[str, Any] = {}
-    with batch_gateway(
-        prompts,
-        GATEWAY_COMPILE="auto" if compiled else "off",
-        TORCHINDUCTOR_CACHE_DIR=str(COMPILE_CACHE),
-    ) as (url, key, alone):
-        for mode, decoding in MODES.items():
-            for n in CLIENTS:
-                out[f"{mode}_{n}"] = _level(url, key, prompts, n, per_client(n), decoding, alone)
-    return out, alone
-
-
-def _peer_side(
-    prompts: list[str], per_client: Callable[[int], int], alone: dict[str, str]
-) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for mode, draft in PEER_MODES.items():
-        with _llamacpp.server(draft, slots=max(CLIENTS)) as url:
-            with httpx.Client(base_url=url, timeout=600) as c:
-                _stream(c, "none", prompts[0], {})  # warm-up
-            for n in CLIENTS:
-                # a fresh connection per request: llama-server may close a kept-alive one
-                # after a stream, and the next request on it fails
-                out[f"{mode}_{n}"] = _level(
-                    url, "none", prompts, n, per_client(n), {}, alone, keepalive=False
-                )
-    return out
-
-
-def _median(rounds: list[dict[str, Any]], key: str) -> float:
-    return round(statistics.median(r[key]["tokens_per_s"] for r in rounds), 1)
+PEER_CACHE: dict[str, dict[str, Any]] = {  # side: llama-server's body options
+    "peer": {"cache_prompt": False},  # same work as the gateway: every prompt prefilled
+    "peer_prompt_cache": {},  # its default: a prompt seen before comes from a slot's cache
+}
+GOALS = {  # issue 20's throughput goals: compiled gateway level / llama-server level(s)
+    "standard_1_over_peer": ("standard_1", ("standard_1",)),
+    "speculative_1_over_peer": ("speculative_1", ("speculative_1",)),
+    "auto_8_over_peer_best_8": ("auto_8", ("standard_8", "speculative_8")),
+}
 
 
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
@@ -83,67 +69,146 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
 
     rounds = 1 if quick else 3  # a median of three: one stalled round decides nothing
     _llamacpp.server_binary(), _llamacpp.gguf("target"), _llamacpp.gguf("draft_v2")  # build first
-    sides: dict[str, list[dict[str, Any]]] = {"eager": [], "compiled": [], "peer": []}
-    alone: dict[str, str] = {}  # the gateway's texts alone: the first round runs it first
-    for r in range(rounds):
-        order = list(sides) if r % 2 == 0 else list(reversed(sides))
-        for side in order:
-            if side == "peer":
-                sides[side].append(_peer_side(prompts, per_client, alone))
-            else:
-                got, alone = _gateway_side(prompts, per_client, compiled=side == "compiled")
-                sides[side].append(got)
-            print(f"   round {r + 1}: {side} {_brief(sides[side][-1])}", flush=True)
-    ours, compiled, peer = sides["eager"], sides["compiled"], sides["peer"]
-    equal = [lv["identical_to_alone"] for p in peer + compiled for lv in p.values()]
+    sides = ("eager", "compiled", "peer", "peer_prompt_cache")
+    got: dict[str, list[dict[str, Any]]] = {s: [{} for _ in range(rounds)] for s in sides}
+    with ExitStack() as stack:
+        gateways = {
+            "eager": stack.enter_context(batch_gateway(prompts, GATEWAY_COMPILE="off")),
+            "compiled": stack.enter_context(
+                batch_gateway(
+                    prompts, GATEWAY_COMPILE="auto", TORCHINDUCTOR_CACHE_DIR=str(COMPILE_CACHE)
+                )
+            ),
+        }
+        alone = gateways["eager"][2]  # each prompt's standard text, the eager gateway alone
+        peers = {
+            m: stack.enter_context(_llamacpp.server(d, slots=8)) for m, d in PEER_MODES.items()
+        }
+        for url in peers.values():
+            with httpx.Client(base_url=url, timeout=600) as c:
+                _stream(c, "none", prompts[0], {}, PEER_CACHE["peer"])  # warm-up
+        for r in range(rounds):
+            for mode, decoding in MODES.items():
+                for n in CLIENTS:
+                    level = f"{mode}_{n}"
+                    order = list(sides) if r % 2 == 0 else list(reversed(sides))
+                    for side in order:
+                        if side in gateways:
+                            url, key, _ = gateways[side]
+                            got[side][r][level] = _level(
+                                url, key, prompts, n, per_client(n), decoding, alone
+                            )
+                        elif mode in peers:
+                            # a fresh connection per request: llama-server may close a
+                            # kept-alive one after a stream, and the next request on it fails
+                            got[side][r][level] = _level(
+                                peers[mode], "none", prompts, n, per_client(n), {}, alone,
+                                keepalive=False, extra=PEER_CACHE[side],
+                            )  # fmt: skip
+            print(f"   round {r + 1}: " + "; ".join(f"{s} {_brief(got[s][r])}" for s in sides))
+    return _report(got, rounds, {str(n): per_client(n) for n in CLIENTS}, len(prompts))
+
+
+def _report(
+    got: dict[str, list[dict[str, Any]]], rounds: int, per_client: dict[str, int], prompts: int
+) -> dict[str, Any]:
+    ours, compiled, peer, cached = (
+        got[s] for s in ("eager", "compiled", "peer", "peer_prompt_cache")
+    )
+    equal = [
+        lv["identical_to_alone"] for side in (peer, cached, compiled) for r in side
+        for lv in r.values()
+    ]  # fmt: skip
     keys = [f"{m}_{n}" for m in MODES for n in CLIENTS]
+    peer_keys = [f"{m}_{n}" for m in PEER_MODES for n in CLIENTS]
     gw = {k: _median(ours, k) for k in keys}
     gc = {k: _median(compiled, k) for k in keys}
-    lc = {k: _median(peer, k) for k in (f"{m}_{n}" for m in PEER_MODES for n in CLIENTS)}
+    lc = {k: _median(peer, k) for k in peer_keys}
+    lcc = {k: _median(cached, k) for k in peer_keys}
     return {
         "setup": {
-            "prompts": len(prompts),
+            "prompts": prompts,
             "new_tokens": 64,
             "greedy": True,
             "clients": CLIENTS,
-            "requests_per_client": {str(n): per_client(n) for n in CLIENTS},
+            "requests_per_client": per_client,
             "compiled": "GATEWAY_COMPILE=auto",
             "rounds": rounds,
+            "paired": "every server up; each level on every server back to back, order "
+            "alternating by round; ratios are medians of each round's ratio",
             "draft": "demo-code-draft@2",
             "peer": "llama-server (llama.cpp from llama-cpp-python's sdist, GGML_NATIVE), f32 "
             "GGUF, -np 8 -t 2, draft max 8",
+            "peer_prompt_cache": "llama_server_tokens_per_s: cache_prompt false (every prompt "
+            "prefilled, as the gateway does); llama_server_prompt_cache_tokens_per_s: its "
+            "default, the prompts seen before in the run served from its slots' cache",
         },
         "gateway_tokens_per_s": gw,
         "gateway_compiled_tokens_per_s": gc,
         "llama_server_tokens_per_s": lc,
-        "rounds_tokens_per_s": {side: [_brief(r) for r in got] for side, got in sides.items()},
+        "llama_server_prompt_cache_tokens_per_s": lcc,
+        "rounds_tokens_per_s": {side: [_brief(r) for r in rs] for side, rs in got.items()},
         "gateway_itl_ms": {k: ours[-1][k]["itl_ms"] for k in keys},
         "gateway_compiled_itl_ms": {k: compiled[-1][k]["itl_ms"] for k in keys},
         "llama_server_itl_ms": {k: peer[-1][k]["itl_ms"] for k in lc},
+        "ttft_ms_p50": {
+            side: {k: rs[-1][k]["ttft_ms"]["p50"] for k in rs[-1]} for side, rs in got.items()
+        },
         "equal_to_gateway_eager_alone": min(equal) if equal else None,
         "compiled_ratios": {
-            "standard_1_over_peer": round(gc["standard_1"] / lc["standard_1"], 3),
-            "speculative_1_over_peer": round(gc["speculative_1"] / lc["speculative_1"], 3),
-            "auto_8_over_peer_best_8": round(
-                gc["auto_8"] / max(lc["standard_8"], lc["speculative_8"]), 3
-            ),
-            "over_eager": {k: round(gc[k] / gw[k], 3) for k in keys},
+            **_goal_ratios(compiled, peer),
+            "rounds": _goal_ratios(compiled, peer, each=True),
+            "over_eager": {k: _paired(compiled, ours, k, (k,)) for k in keys},
         },
+        "compiled_ratios_over_prompt_cache": _goal_ratios(compiled, cached),
         "ratios": {
-            "standard_1": round(gw["standard_1"] / lc["standard_1"], 3),
-            "speculative_1": round(gw["speculative_1"] / lc["speculative_1"], 3),
-            "auto_1_over_peer_best_1": round(
-                gw["auto_1"] / max(lc["standard_1"], lc["speculative_1"]), 3
+            "standard_1": _paired(ours, peer, "standard_1", ("standard_1",)),
+            "speculative_1": _paired(ours, peer, "speculative_1", ("speculative_1",)),
+            "auto_1_over_peer_best_1": _paired(
+                ours, peer, "auto_1", ("standard_1", "speculative_1")
             ),
-            "auto_8_over_peer_best_8": round(
-                gw["auto_8"] / max(lc["standard_8"], lc["speculative_8"]), 3
+            "auto_8_over_peer_best_8": _paired(
+                ours, peer, "auto_8", ("standard_8", "speculative_8")
             ),
-            "gateway_auto_8_over_1": round(gw["auto_8"] / gw["auto_1"], 3),
-            "peer_standard_8_over_1": round(lc["standard_8"] / lc["standard_1"], 3),
-            "peer_speculative_8_over_standard_8": round(lc["speculative_8"] / lc["standard_8"], 3),
-            "gateway_auto_8_over_standard_8": round(gw["auto_8"] / gw["standard_8"], 3),
+            "gateway_auto_8_over_1": _paired(ours, ours, "auto_8", ("auto_1",)),
+            "peer_standard_8_over_1": _paired(peer, peer, "standard_8", ("standard_1",)),
+            "peer_speculative_8_over_standard_8": _paired(
+                peer, peer, "speculative_8", ("standard_8",)
+            ),
+            "gateway_auto_8_over_standard_8": _paired(ours, ours, "auto_8", ("standard_8",)),
         },
     }
+
+
+def _median(rounds: list[dict[str, Any]], key: str) -> float:
+    return round(statistics.median(r[key]["tokens_per_s"] for r in rounds), 1)
+
+
+def _each(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], key: str, over: tuple[str, ...]
+) -> list[float]:
+    """Each round's tokens/s of `a` at `key` over `b`'s best level of `over`."""
+    return [
+        round(ra[key]["tokens_per_s"] / max(rb[k]["tokens_per_s"] for k in over), 3)
+        for ra, rb in zip(a, b, strict=True)
+    ]
+
+
+def _paired(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], key: str, over: tuple[str, ...]
+) -> float:
+    """The median over rounds of each round's ratio (`_each`)."""
+    return round(statistics.median(_each(a, b, key, over)), 3)
+
+
+def _goal_ratios(
+    compiled: list[dict[str, Any]], peer: list[dict[str, Any]], each: bool = False
+) -> dict[str, Any]:
+    """Issue 20's three throughput goals: the compiled gateway over llama-server, paired by
+    round (medians; with `each`, every round's)."""
+    if each:
+        return {name: _each(compiled, peer, k, over) for name, (k, over) in GOALS.items()}
+    return {name: _paired(compiled, peer, k, over) for name, (k, over) in GOALS.items()}
 
 
 def _brief(levels: dict[str, Any]) -> dict[str, float]:
