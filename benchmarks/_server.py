@@ -81,6 +81,10 @@ def gateway(module: str = "gateway", cwd: Path | None = None, **env: str) -> Ite
             "GATEWAY_LOG_LEVEL": "warning",
             "GATEWAY_DEFAULT_REQUESTS_PER_MINUTE": "100000",
             "GATEWAY_DEFAULT_TOKENS_PER_MINUTE": "100000000",
+            # The benchmarks repeat their prompts: kept prefixes (engine/batch/prefix.py)
+            # would skip prefills that the baselines they compare with do. Off unless a
+            # benchmark turns it on to measure it (llamacpp.py).
+            "GATEWAY_PREFIX_CACHE": "false",
             **env,
         }
         log = open(f"{tmp}/server.log", "wb")  # noqa: SIM115 - closed below

@@ -8,10 +8,11 @@ code prompts, greedy, 64 new tokens, streamed /v1/completions through the same c
 (draft v2) and auto, drafting 1 to 8 tokens a step (the default policy's bounds; the cost
 model picks k each step). llama-server: no draft, and draft v2 with at most 8 drafted
 tokens (the same bound; it stops a draft early by its own rule), 8 slots, 2 threads (this
-machine's cores). The gateway runs twice: eager (the default) and with
-GATEWAY_COMPILE=auto (engine/compiled.py: compiled where it measured faster).
+machine's cores). The gateway runs three times: eager (the default) and with
+GATEWAY_COMPILE=auto (engine/compiled.py: compiled where it measured faster), both without
+kept prompt prefixes, and compiled with them (GATEWAY_PREFIX_CACHE=true).
 
-Paired, interleaved: the four servers (two gateways, two llama-servers) start one after
+Paired, interleaved: the five servers (three gateways, two llama-servers) start one after
 the other and then stay up, idle but for the one being measured (they never run requests
 at once). Each level (mode x clients) runs on every server back to back, the order
 alternating by round, so the servers of one level are measured within seconds of each
@@ -24,10 +25,12 @@ every round's are in `rounds_tokens_per_s`.
 llama-server keeps each slot's prompt and, by default (`cache_prompt`), serves a prompt it
 has seen from that cache instead of prefilling it. The benchmark repeats its 8 prompts
 across levels and rounds, so with that default llama-server would prefill almost nothing
-while the gateway, which has no prefix cache, prefills every prompt (runs before session
-13 measured that). The same-work comparison (the goals' ratios) therefore sends
-`cache_prompt: false`; the same servers are also measured with their default, prompts
-seen before (`llama_server_prompt_cache_*`, `compiled_ratios_over_prompt_cache`).
+while the gateway without kept prefixes prefills every prompt (runs before session 13
+measured that). The same-work comparison (the goals' ratios) therefore sends
+`cache_prompt: false` to llama-server and runs the gateways without kept prefixes; the
+same llama-servers are also measured with their default, prompts seen before
+(`llama_server_prompt_cache_*`), against the compiled gateway keeping prefixes
+(`prompt_cache_ratios`).
 `equal_to_gateway_eager_alone` is the smallest share, over llama-server's and the compiled
 gateway's levels, of texts equal to the eager gateway's standard output served alone.
 
@@ -69,15 +72,15 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
 
     rounds = 1 if quick else 3  # a median of three: one stalled round decides nothing
     _llamacpp.server_binary(), _llamacpp.gguf("target"), _llamacpp.gguf("draft_v2")  # build first
-    sides = ("eager", "compiled", "peer", "peer_prompt_cache")
+    sides = ("eager", "compiled", "compiled_prefix_cache", "peer", "peer_prompt_cache")
+    compiled = {"GATEWAY_COMPILE": "auto", "TORCHINDUCTOR_CACHE_DIR": str(COMPILE_CACHE)}
     got: dict[str, list[dict[str, Any]]] = {s: [{} for _ in range(rounds)] for s in sides}
     with ExitStack() as stack:
         gateways = {
             "eager": stack.enter_context(batch_gateway(prompts, GATEWAY_COMPILE="off")),
-            "compiled": stack.enter_context(
-                batch_gateway(
-                    prompts, GATEWAY_COMPILE="auto", TORCHINDUCTOR_CACHE_DIR=str(COMPILE_CACHE)
-                )
+            "compiled": stack.enter_context(batch_gateway(prompts, **compiled)),
+            "compiled_prefix_cache": stack.enter_context(
+                batch_gateway(prompts, **compiled, GATEWAY_PREFIX_CACHE="true")
             ),
         }
         alone = gateways["eager"][2]  # each prompt's standard text, the eager gateway alone
@@ -112,17 +115,18 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
 def _report(
     got: dict[str, list[dict[str, Any]]], rounds: int, per_client: dict[str, int], prompts: int
 ) -> dict[str, Any]:
-    ours, compiled, peer, cached = (
-        got[s] for s in ("eager", "compiled", "peer", "peer_prompt_cache")
+    ours, compiled, kept, peer, cached = (
+        got[s] for s in ("eager", "compiled", "compiled_prefix_cache", "peer", "peer_prompt_cache")
     )
     equal = [
-        lv["identical_to_alone"] for side in (peer, cached, compiled) for r in side
+        lv["identical_to_alone"] for side in (peer, cached, compiled, kept) for r in side
         for lv in r.values()
     ]  # fmt: skip
     keys = [f"{m}_{n}" for m in MODES for n in CLIENTS]
     peer_keys = [f"{m}_{n}" for m in PEER_MODES for n in CLIENTS]
     gw = {k: _median(ours, k) for k in keys}
     gc = {k: _median(compiled, k) for k in keys}
+    gk = {k: _median(kept, k) for k in keys}
     lc = {k: _median(peer, k) for k in peer_keys}
     lcc = {k: _median(cached, k) for k in peer_keys}
     return {
@@ -140,11 +144,14 @@ def _report(
             "peer": "llama-server (llama.cpp from llama-cpp-python's sdist, GGML_NATIVE), f32 "
             "GGUF, -np 8 -t 2, draft max 8",
             "peer_prompt_cache": "llama_server_tokens_per_s: cache_prompt false (every prompt "
-            "prefilled, as the gateway does); llama_server_prompt_cache_tokens_per_s: its "
-            "default, the prompts seen before in the run served from its slots' cache",
+            "prefilled, as the gateways without GATEWAY_PREFIX_CACHE do); "
+            "llama_server_prompt_cache_tokens_per_s: its default, the prompts seen before in "
+            "the run served from its slots' cache, against the compiled gateway with "
+            "GATEWAY_PREFIX_CACHE=true (prompt_cache_ratios)",
         },
         "gateway_tokens_per_s": gw,
         "gateway_compiled_tokens_per_s": gc,
+        "gateway_compiled_prefix_cache_tokens_per_s": gk,
         "llama_server_tokens_per_s": lc,
         "llama_server_prompt_cache_tokens_per_s": lcc,
         "rounds_tokens_per_s": {side: [_brief(r) for r in rs] for side, rs in got.items()},
@@ -160,7 +167,10 @@ def _report(
             "rounds": _goal_ratios(compiled, peer, each=True),
             "over_eager": {k: _paired(compiled, ours, k, (k,)) for k in keys},
         },
-        "compiled_ratios_over_prompt_cache": _goal_ratios(compiled, cached),
+        "prompt_cache_ratios": {  # both with their prompt caches: compiled gateway over
+            **_goal_ratios(kept, cached),  # llama-server, and over the gateway without
+            "over_no_cache": {k: _paired(kept, compiled, k, (k,)) for k in keys},
+        },
         "ratios": {
             "standard_1": _paired(ours, peer, "standard_1", ("standard_1",)),
             "speculative_1": _paired(ours, peer, "speculative_1", ("speculative_1",)),

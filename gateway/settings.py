@@ -107,6 +107,14 @@ class Settings:
     model's graphs off, with a log line. Ignored on CPU. Off by default until the prepared
     GPU check (benchmarks/cuda_check.sh) has run on a GPU: no GPU has run it yet.
     ``true``/``false`` mean on/off."""
+    prefix_cache: bool = True
+    """Keep the keys and values of finished requests' prompts (and outputs) in the batch's
+    free slots, and let the same tenant's next request with the same beginning skip
+    prefilling it (gateway/engine/batch/prefix.py): a chat's next turn, or a shared system
+    prompt. Per tenant: another tenant never reuses them (its time to first token would
+    tell what was sent). Reported as ``usage.prompt_tokens_details.cached_tokens`` and
+    ``gateway_prompt_cached_tokens_total``. No memory beyond the batch's slots, which exist
+    anyway. ``false``: every prompt is prefilled."""
     torch_threads: int | None = None
     """CPU threads of the inference thread's torch kernels; default torch's own choice (the
     physical cores). The inference thread is the only one that runs torch."""

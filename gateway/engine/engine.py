@@ -175,6 +175,7 @@ class Engine:
             proposer=proposer,
             policy=policy,
             draft_context_length=draft_ctx,
+            cache_scope=req.cache_scope,
         )
 
     @staticmethod

@@ -65,6 +65,7 @@ class LoopConfig:
     proposer: Proposer | None = None
     policy: KPolicy | None = None
     draft_context_length: int | None = None
+    cache_scope: str | None = None  # batch/prefix.py: who may reuse this prompt's prefix
 
 
 def _masks(cfg: LoopConfig, draft: list[int]) -> tuple[list[int], int, torch.Tensor | None]:

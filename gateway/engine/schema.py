@@ -48,6 +48,9 @@ class DecodeRequest:
     # Inside a batch, a step may draft nothing (k = 0) when speculating would cost the batch
     # more than it gains at the batch's measured forward costs (auto mode); else k >= k_min.
     may_pause: bool = False
+    # Inside a batch: whose kept prompt prefixes this request may reuse and leave behind
+    # (batch/prefix.py; the serving layer passes the tenant). None: neither.
+    cache_scope: str | None = None
 
 
 @dataclass(frozen=True)

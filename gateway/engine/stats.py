@@ -40,6 +40,7 @@ class DecodeStats:
     paused_steps: int = 0  # batch steps on which this speculative request drafted nothing
     batch_steps: int = 0  # verify forwards it shared with a batch ...
     batch_rows: int = 0  # ... and the rows in them, summed
+    cached_prompt_tokens: int = 0  # prompt tokens reused from a kept prefix (batch/prefix.py)
 
     @property
     def mean_batch_rows(self) -> float | None:

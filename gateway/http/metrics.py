@@ -86,6 +86,11 @@ class Metrics:
             LATENCY_BUCKETS,
         )
         self.prompt_tokens = counter("gateway_prompt_tokens", "Prompt tokens", ["tenant"])
+        self.cached_prompt_tokens = counter(
+            "gateway_prompt_cached_tokens",
+            "Prompt tokens reused from a kept prefix instead of prefilled",
+            ["tenant"],
+        )
         self.completion_tokens = counter("gateway_generation_tokens", "Completion tokens")
         self.queue = Gauge("gateway_queue_depth", "Requests waiting or running", registry=r)
         self.queue.set_function(queue_depth)
@@ -137,6 +142,7 @@ class Metrics:
         stats = getattr(result, "stats", None)
         if stats is None:
             return
+        self.cached_prompt_tokens.labels(tenant).inc(stats.cached_prompt_tokens)
         self.target_s.labels(*arm).inc(stats.verify_s + stats.prefill_s)
         self.step_s.labels(*arm).inc(stats.verify_s)
         decode_forwards = stats.target_forwards - (1 if stats.prefill_s > 0 else 0)

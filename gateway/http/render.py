@@ -18,6 +18,7 @@ def usage(gen: Generation, result: DecodeResult | None) -> dict[str, Any]:
         "prompt_tokens": len(gen.prompt_ids),
         "completion_tokens": completion,
         "total_tokens": len(gen.prompt_ids) + completion,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens if stats else 0},
         "completion_tokens_details": {
             "reasoning_tokens": 0,
             "accepted_prediction_tokens": stats.accepted if stats else 0,

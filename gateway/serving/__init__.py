@@ -151,7 +151,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     limiter = make_limiter(settings)
     generation = GenerationService(
         pool=pool, worker=worker, policy=policy, traffic=traffic, limiter=limiter,
-        recorder=recorder, tracing=tracing,
+        recorder=recorder, tracing=tracing, prefix_cache=settings.prefix_cache,
     )  # fmt: skip
     auth = Authenticator(
         store, bootstrap_admin_hash(settings.admin_key, settings.var_dir), make_oidc(settings)

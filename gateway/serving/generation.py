@@ -207,8 +207,10 @@ class GenerationService:
         limiter: Limiter,
         recorder: Recorder,
         tracing: Tracing | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         self.tracing = tracing or Tracing(None)
+        self.prefix_cache = prefix_cache  # rows reuse their tenant's kept prompt prefixes
         self.pool = pool
         self.worker = worker
         self.policy = policy
@@ -236,7 +238,7 @@ class GenerationService:
         quota, ticket = await self._admit(
             tenant, plan, prepared, cmd.n
         )  # 5. the tenant's rate limits
-        draft, choices = await self._run(cmd, prepared, plan, ticket)  # 6. queue the runs
+        draft, choices = await self._run(cmd, prepared, plan, ticket, tenant)  # 6. queue
         return Generation(
             meta, principal, cmd, prepared, plan, quota, ticket, draft, choices, self
         )  # fmt: skip
@@ -318,10 +320,11 @@ class GenerationService:
         return quota, ticket
 
     async def _run(
-        self, cmd: Generate, prepared: Prepared, plan: Plan, ticket: Ticket
+        self, cmd: Generate, prepared: Prepared, plan: Plan, ticket: Ticket, tenant: str
     ) -> tuple[DraftHandle | None, list[Choice]]:
         """Queue one decode row per choice (rows of one target batch together); choice i > 0
-        gets its own grammar and, when seeded, the seed + i."""
+        gets its own grammar and, when seeded, the seed + i. With the prefix cache on, each
+        row may reuse the tenant's kept prompt prefixes (engine/batch/prefix.py)."""
         decision = plan.decision
         speculative = decision.mode == "speculative"
         draft = None
@@ -351,6 +354,7 @@ class GenerationService:
                     grammar=grammar,
                     k_prior=_k_prior(plan),
                     may_pause=decision.auto_outcome is not None,  # auto: off where it won't pay
+                    cache_scope=tenant if self.prefix_cache else None,
                 )
                 model = draft.model if draft else None
                 job = self.worker.submit_decode(prepared.engine, request, model)

@@ -40,6 +40,7 @@ from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.drafting import DraftBatch
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.batch.kchoice import choose_batch_k, explore_offset
+from gateway.engine.batch.prefix import PrefixCache
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK, SlotCache, slot_pad
 from gateway.engine.loop import (
     NO_PROPOSAL,
@@ -106,6 +107,7 @@ class Batch:
         # built on buffers of that shape (engine/compiled.py, warm_up).
         self.pad = slot_pad(max(prefill_chunk, PREFILL_CHUNK))
         self.cache = SlotCache(layers, max_rows, target.context_length, pad=self.pad)
+        self.prefixes = PrefixCache(self.cache)  # prompt prefixes kept in free slots
         self._kwarg = cache_kwarg(target.model)
         self.rows: list[Row] = []
         self.drafts: dict[int, DraftBatch] = {}  # id(draft model) -> its shared draft slots
@@ -124,7 +126,10 @@ class Batch:
         """Join at the next step; raises IndexError when every slot is taken."""
         if cfg.target is not self.target:
             raise ValueError("a batch decodes on one target model")
-        row = Row(cfg, cancelled, self.cache.take(), list(cfg.prompt_ids))
+        slot = self.cache.take()
+        reused = self.prefixes.place(slot, cfg.cache_scope, cfg.prompt_ids)
+        row = Row(cfg, cancelled, slot, list(cfg.prompt_ids), prefilled=reused)
+        cfg.stats.cached_prompt_tokens = reused
         self.rows.append(row)
         p = cfg.proposer
         if isinstance(p, DraftModelProposer):
@@ -149,11 +154,15 @@ class Batch:
         filler rows (batch/forward.py `contiguous_rows`; compiled.py `_layer`)."""
         self.rows.remove(row)
         freed = row.slot
+        scope, tokens = row.cfg.cache_scope, row.ctx[: self.cache.length[freed]]
         last = max(self.rows, key=lambda r: r.slot, default=None)
         if last is not None and last.slot > freed:
+            self.prefixes.leaving(freed, scope, tokens)  # the move overwrites it
             self.cache.move(last.slot, freed)
-            last.slot, freed = freed, last.slot
+            scope, tokens = last.cfg.cache_scope, last.ctx[: self.cache.length[freed]]
+            last.slot, freed = freed, last.slot  # the old slot keeps a copy of its prefix
         self.cache.release(freed)
+        self.prefixes.keep(freed, scope, tokens)
         p = row.cfg.proposer
         db = self.drafts.get(id(p.draft)) if isinstance(p, DraftModelProposer) else None
         if db is not None and isinstance(p, DraftModelProposer):

@@ -122,12 +122,18 @@ class SlotCache(Cache):
         """Slot src's committed keys and values (its length) into slot dst, a free one;
         src is then free. Before the first forward there is nothing to copy."""
         n = self.length[src]
-        if n and self.allocated:
-            keys, values = self.buffers()
-            with torch.inference_mode():  # a cancel moves rows between steps
-                for buffer in (*keys, *values):
-                    buffer[dst, :, :n] = buffer[src, :, :n]
+        self.copy_prefix(src, dst, n)
         self.length[dst], self.length[src] = n, 0
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Slot src's keys and values at positions 0..n-1 into slot dst (lengths untouched:
+        batch/prefix.py, which lends kept prompt prefixes, sets them)."""
+        if n <= 0 or not self.allocated:
+            return
+        keys, values = self.buffers()
+        with torch.inference_mode():  # a cancel moves rows between steps
+            for buffer in (*keys, *values):
+                buffer[dst, :, :n] = buffer[src, :, :n]
 
     def release(self, slot: int) -> None:
         self.length[slot] = 0
