@@ -70,6 +70,7 @@ class PrefixCache:
         held if it is not the one lent. Sets and returns the slot's length: the prompt
         tokens already there."""
         best, reuse = None, 0
+        prompt = tuple(prompt)
         limit = len(prompt) - 1
         if scope is not None and limit >= self.min_reuse:
             for s, k in self.kept.items():
@@ -126,10 +127,10 @@ def _covers(a: Kept, b: Kept) -> bool:
     return a.scope == b.scope and len(a.tokens) >= n and a.tokens[:n] == b.tokens
 
 
-def _common(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+def _common(a: tuple[int, ...], b: tuple[int, ...], limit: int) -> int:
     """The length of a's and b's common prefix, at most `limit`."""
     n = min(len(a), len(b), limit)
-    if n and a[n - 1] == b[n - 1] and list(a[:n]) == list(b[:n]):
+    if n and a[n - 1] == b[n - 1] and a[:n] == b[:n]:
         return n  # the usual case for a repeated prompt: one comparison of slices
     i = 0
     while i < n and a[i] == b[i]:
