@@ -70,7 +70,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     def per_client(n: int) -> int:
         return 1 if quick else max(2, MIN_REQUESTS // n)
 
-    rounds = 1 if quick else 3  # a median of three: one stalled round decides nothing
+    rounds = 1 if quick else 5  # a median of five: one or two stalled rounds decide nothing
     _llamacpp.server_binary(), _llamacpp.gguf("target"), _llamacpp.gguf("draft_v2")  # build first
     sides = ("eager", "compiled", "compiled_prefix_cache", "peer", "peer_prompt_cache")
     compiled = {"GATEWAY_COMPILE": "auto", "TORCHINDUCTOR_CACHE_DIR": str(COMPILE_CACHE)}

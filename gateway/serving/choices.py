@@ -80,6 +80,7 @@ def _stats(all_stats: Sequence[DecodeStats]) -> DecodeStats:
         ]
         out.k_history += st.k_history
     out.final_k = first.final_k
+    out.cached_prompt_tokens = first.cached_prompt_tokens  # the prompt counts once in usage
     decode_forwards = sum(st.target_forwards - (1 if st.prefill_s > 0 else 0) for st in all_stats)
     out.tokens_per_target_forward = (
         out.generated_tokens / decode_forwards if decode_forwards > 0 else 0.0

@@ -33,6 +33,7 @@ import torch
 
 from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.prefix import PrefixCache
 from gateway.engine.batch.slots import SlotCache
 from gateway.engine.models import LoadedModel, cache_kwarg
 from gateway.engine.proposers.base import Proposal
@@ -66,18 +67,31 @@ class DraftBatch:
         self.cache = SlotCache(layers, max_rows, draft.context_length, pad=max(pad, SHORT_FEED))
         self._kwarg = cache_kwarg(draft.model)
         self.members: dict[int, SlotKV] = {}  # id(proposer) -> its slot
+        self.scopes: dict[int, str | None] = {}  # id(proposer) -> its request's cache scope
+        self.prefixes = PrefixCache(self.cache)  # prompt prefixes kept in free draft slots
         self.forwards = 0
         self.forward_s = 0.0
 
-    def join(self, proposer: DraftModelProposer) -> None:
-        kv = SlotKV(self.cache, self.cache.take())
-        proposer.use_kv(kv)
+    def join(
+        self, proposer: DraftModelProposer, scope: str | None = None, prompt: Sequence[int] = ()
+    ) -> None:
+        """A slot for `proposer`, holding the longest prefix of `prompt` that `scope` left in
+        a free one (batch/prefix.py, as the target's slots do)."""
+        slot = self.cache.take()
+        reused = self.prefixes.place(slot, scope, prompt)
+        kv = SlotKV(self.cache, slot)
+        proposer.use_kv(kv, prompt[:reused])
         self.members[id(proposer)] = kv
+        self.scopes[id(proposer)] = scope
 
     def leave(self, proposer: DraftModelProposer) -> None:
+        """Free the proposer's slot, noting the tokens its keys and values hold."""
         kv = self.members.pop(id(proposer), None)
+        scope = self.scopes.pop(id(proposer), None)
         if kv is not None:
+            held = proposer.fed_ids[: self.cache.length[kv.slot]]
             self.cache.release(kv.slot)
+            self.prefixes.keep(kv.slot, scope, held)
 
     def prefill(self, items: list[tuple[DraftModelProposer, list[int]]]) -> None:
         """Feed prompt chunks the target is prefilling, in one forward; a row whose draft

@@ -139,7 +139,7 @@ class Batch:
                 costs = self.costs.setdefault(id(p.draft), ForwardCosts())
                 db = DraftBatch(p.draft, self.max_rows, self.pad, costs)
                 self.drafts[id(p.draft)] = db
-            db.join(p)
+            db.join(p, cfg.cache_scope, cfg.prompt_ids)
         return row
 
     def cancel(self, row: Row) -> None:

@@ -94,6 +94,11 @@ class DraftModelProposer:
         """Tokens in the draft's KV cache."""
         return len(self._fed)
 
+    @property
+    def fed_ids(self) -> tuple[int, ...]:
+        """The tokens in the draft's KV cache, in order."""
+        return tuple(self._fed)
+
     def use_kv(self, kv: DraftKV, fed: Sequence[int] = ()) -> None:
         """Keep the draft KV in `kv` from now on (a batch slot holding `fed`)."""
         self.kv = kv

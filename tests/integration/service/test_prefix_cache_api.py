@@ -16,8 +16,8 @@ pytestmark = pytest.mark.asyncio
 PROMPT = "def add(a, b):\n    return a + b\n" * 3  # well past the 16 tokens a reuse needs
 
 
-async def complete(gw: Gateway, headers: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+async def complete(gw: Gateway, headers: dict[str, str] | None = None, n: int = 1) -> dict:  # type: ignore[type-arg]
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "n": n}
     r = await gw.client.post("/v1/completions", json=body, headers=headers or gw.auth)
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
@@ -48,12 +48,16 @@ async def test_a_tenants_repeated_prompt_is_cached_for_it_alone(
         assert cached(other) == 0  # same prompt, another tenant: prefilled
         texts = {b["choices"][0]["text"] for b in (first, second, other)}
         assert len(texts) == 1
+        # the other tenant's request took the slot: this tenant's prefix had moved aside
+        two = await complete(gw, n=2)
+        assert cached(two) == prompt_tokens - 1  # the prompt counts once, as in prompt_tokens
+        assert {c["text"] for c in two["choices"]} == texts
         metrics = (await gw.client.get("/metrics")).text
         line = next(
             x for x in metrics.splitlines()
             if x.startswith("gateway_prompt_cached_tokens_total") and gw.tenant in x
         )  # fmt: skip
-        assert float(line.rsplit(" ", 1)[1]) == prompt_tokens - 1
+        assert float(line.rsplit(" ", 1)[1]) == 2 * (prompt_tokens - 1)
 
 
 async def test_off_prefills_every_prompt(tiny_manifest: Path, tmp_path: Path) -> None:

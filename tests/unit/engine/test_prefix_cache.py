@@ -15,6 +15,7 @@ from gateway.engine import DecodeRequest, DecodeResult, Engine, LoadedModel, Sam
 from gateway.engine.batch.prefix import MIN_REUSE, PrefixCache, _common
 from gateway.engine.batch.scheduler import Batch
 from gateway.engine.batch.slots import SlotCache
+from gateway.engine.schema import Finished
 
 from .test_batch import Job, drive
 
@@ -115,6 +116,26 @@ def test_a_speculative_row_on_a_reused_prefix_gives_the_standard_output(engine, 
     assert spec.stats.cached_prompt_tokens == len(A) - 1
     assert spec.stats.drafted > 0
     assert spec.token_ids == standard.token_ids
+
+
+def test_a_draft_slot_keeps_its_prefix_too(engine, draft_lm) -> None:
+    """The draft's own slots keep what they held, per scope: a repeated speculative prompt
+    starts with the draft's prompt in place, not a catch-up forward over all of it."""
+    batch = engine.batch(4)
+    spec = {"mode": "speculative", "proposer": "draft", "k_max": 4}
+    first = one(batch, engine, req(A, n=16, **spec), draft_lm)
+    other = batch.add(engine.prepare(req(A, scope="t2", n=16, **spec), draft_lm))
+    again = batch.add(engine.prepare(req(A, n=16, **spec), draft_lm))
+    assert other.cfg.proposer.fed == 0
+    assert again.cfg.proposer.fed == len(A) - 1
+    results = {}
+    while len(results) < 2:
+        for row, events in batch.step():
+            results.update({id(row): e.result for e in events if isinstance(e, Finished)})
+    standard = engine.run(req(A, n=16)).token_ids
+    assert first.token_ids == results[id(again)].token_ids == standard
+    assert results[id(other)].token_ids == standard
+    assert results[id(again)].stats.drafted > 0
 
 
 def test_the_least_recently_used_prefix_goes_first() -> None:
