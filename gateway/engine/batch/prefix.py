@@ -45,7 +45,8 @@ class Kept:
 
 
 class PrefixCache:
-    """The notes of one SlotCache's free slots (a batch's target cache)."""
+    """The notes of one SlotCache's free slots (a batch's target cache, or a draft's:
+    batch/drafting.py)."""
 
     def __init__(self, cache: SlotCache, min_reuse: int = MIN_REUSE) -> None:
         self.cache = cache
@@ -114,11 +115,6 @@ class PrefixCache:
                 return
         self.cache.copy_prefix(src, dst, len(kept.tokens))
         self.kept[dst] = kept
-
-    @property
-    def tokens(self) -> int:
-        """Tokens kept in all (for metrics and tests)."""
-        return sum(len(k.tokens) for k in self.kept.values())
 
 
 def _covers(a: Kept, b: Kept) -> bool:
