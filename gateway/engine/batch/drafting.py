@@ -78,7 +78,11 @@ class DraftBatch:
         """A slot for `proposer`, holding the longest prefix of `prompt` that `scope` left in
         a free one (batch/prefix.py, as the target's slots do)."""
         slot = self.cache.take()
-        reused = self.prefixes.place(slot, scope, prompt)
+        try:
+            reused = self.prefixes.place(slot, scope, prompt)
+        except BaseException:  # a failed copy must not leave the slot taken for good
+            self.cache.release(slot)
+            raise
         kv = SlotKV(self.cache, slot)
         proposer.use_kv(kv, prompt[:reused])
         self.members[id(proposer)] = kv

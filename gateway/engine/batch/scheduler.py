@@ -127,7 +127,11 @@ class Batch:
         if cfg.target is not self.target:
             raise ValueError("a batch decodes on one target model")
         slot = self.cache.take()
-        reused = self.prefixes.place(slot, cfg.cache_scope, cfg.prompt_ids)
+        try:
+            reused = self.prefixes.place(slot, cfg.cache_scope, cfg.prompt_ids)
+        except BaseException:  # a failed copy must not leave the slot taken for good
+            self.cache.release(slot)
+            raise
         row = Row(cfg, cancelled, slot, list(cfg.prompt_ids), prefilled=reused)
         cfg.stats.cached_prompt_tokens = reused
         self.rows.append(row)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from gateway.engine import DecodeRequest, DecodeResult, Engine, LoadedModel, SamplingParams
 from gateway.engine.batch.prefix import MIN_REUSE, PrefixCache, _common
 from gateway.engine.batch.scheduler import Batch
 from gateway.engine.batch.slots import SlotCache
+from gateway.engine.models import cache_kwarg
 from gateway.engine.schema import Finished
 
 from .test_batch import Job, drive
@@ -109,6 +111,40 @@ def test_prefixes_survive_other_prompts_and_rows_moving(engine) -> None:
     assert got.token_ids == engine.run(req(FIRST)).token_ids
 
 
+def fresh_kv(lm: LoadedModel, tokens: tuple[int, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """Every layer's keys and values of `tokens` from the model's own forward."""
+    cache = DynamicCache()
+    with torch.inference_mode():
+        lm.model(input_ids=torch.tensor([tokens]), use_cache=True, **{cache_kwarg(lm.model): cache})
+    return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+
+
+def assert_notes_hold_their_tokens(prefixes: PrefixCache, lm: LoadedModel) -> None:
+    """Each note's slot holds its tokens' keys and values (what a fresh forward computes),
+    so a prefix lent from it, copied or in place, is the right one."""
+    keys, values = prefixes.cache.buffers()
+    assert prefixes.kept
+    for slot, note in prefixes.kept.items():
+        assert slot in prefixes.cache.free
+        n = len(note.tokens)
+        for layer, (k, v) in enumerate(fresh_kv(lm, note.tokens)):
+            torch.testing.assert_close(keys[layer][slot, :, :n], k, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(values[layer][slot, :, :n], v, atol=1e-4, rtol=1e-4)
+
+
+def test_every_note_holds_its_tokens_keys_and_values(engine, draft_lm) -> None:
+    """After prompts alternate, rows move and drafts leave, in the target's slots and the
+    draft's: a copy one token short, or into the wrong slot, fails here."""
+    batch = engine.batch(4)
+    spec = {"mode": "speculative", "proposer": "draft", "k_max": 4}
+    for p in (A, B, C, A):
+        one(batch, engine, req(p, **spec), draft_lm)
+    drive(batch, engine, [Job(0, req(FIRST, n=3, **spec), draft_lm), Job(0, req(B, n=12))])
+    assert_notes_hold_their_tokens(batch.prefixes, engine.target)
+    (drafts,) = batch.drafts.values()
+    assert_notes_hold_their_tokens(drafts.prefixes, draft_lm)
+
+
 def test_a_speculative_row_on_a_reused_prefix_gives_the_standard_output(engine, draft_lm) -> None:
     batch = engine.batch(4)
     standard = one(batch, engine, req(A, n=16))
@@ -162,3 +198,16 @@ def test_common_prefix_lengths() -> None:
     assert _common((1, 9, 3), (1, 2, 3), 3) == 1
     assert _common((), (1,), 3) == 0
     assert MIN_REUSE >= 1
+
+
+def test_a_failed_lend_leaves_the_slot_free(engine, monkeypatch) -> None:
+    batch = engine.batch(2)
+    one(batch, engine, req(A))
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(batch.prefixes, "place", broken)
+    with pytest.raises(RuntimeError):
+        batch.add(engine.prepare(req(A)))
+    assert batch.cache.in_use == 0 and not batch.rows
