@@ -40,6 +40,7 @@ minutes), under var/llamacpp/. It is an optional extra: `make test` never runs t
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from contextlib import ExitStack
 from pathlib import Path
@@ -91,23 +92,21 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             with httpx.Client(base_url=url, timeout=600) as c:
                 _stream(c, "none", prompts[0], {}, PEER_CACHE["peer"])  # warm-up
         for r in range(rounds):
-            for mode, decoding in MODES.items():
-                for n in CLIENTS:
-                    level = f"{mode}_{n}"
-                    order = list(sides) if r % 2 == 0 else list(reversed(sides))
-                    for side in order:
-                        if side in gateways:
-                            url, key, _ = gateways[side]
-                            got[side][r][level] = _level(
-                                url, key, prompts, n, per_client(n), decoding, alone
-                            )
-                        elif mode in peers:
-                            # a fresh connection per request: llama-server may close a
-                            # kept-alive one after a stream, and the next request on it fails
-                            got[side][r][level] = _level(
-                                peers[mode], "none", prompts, n, per_client(n), {}, alone,
-                                keepalive=False, extra=PEER_CACHE[side],
-                            )  # fmt: skip
+            order = sides if r % 2 == 0 else sides[::-1]
+            for (mode, decoding), n, side in itertools.product(MODES.items(), CLIENTS, order):
+                if side in gateways:
+                    url, key, _ = gateways[side]
+                    result = _level(url, key, prompts, n, per_client(n), decoding, alone)
+                elif mode in peers:
+                    # a fresh connection per request: llama-server may close a kept-alive
+                    # one after a stream, and the next request on it fails
+                    result = _level(
+                        peers[mode], "none", prompts, n, per_client(n), {}, alone,
+                        keepalive=False, extra=PEER_CACHE[side],
+                    )  # fmt: skip
+                else:
+                    continue  # llama-server has no auto mode
+                got[side][r][f"{mode}_{n}"] = result
             print(f"   round {r + 1}: " + "; ".join(f"{s} {_brief(got[s][r])}" for s in sides))
     return _report(got, rounds, {str(n): per_client(n) for n in CLIENTS}, len(prompts))
 

@@ -67,7 +67,6 @@ class DraftBatch:
         self.cache = SlotCache(layers, max_rows, draft.context_length, pad=max(pad, SHORT_FEED))
         self._kwarg = cache_kwarg(draft.model)
         self.members: dict[int, SlotKV] = {}  # id(proposer) -> its slot
-        self.scopes: dict[int, str | None] = {}  # id(proposer) -> its request's cache scope
         self.prefixes = PrefixCache(self.cache)  # prompt prefixes kept in free draft slots
         self.forwards = 0
         self.forward_s = 0.0
@@ -77,21 +76,15 @@ class DraftBatch:
     ) -> None:
         """A slot for `proposer`, holding the longest prefix of `prompt` that `scope` left in
         a free one (batch/prefix.py, as the target's slots do)."""
-        slot = self.cache.take()
-        try:
-            reused = self.prefixes.place(slot, scope, prompt)
-        except BaseException:  # a failed copy must not leave the slot taken for good
-            self.cache.release(slot)
-            raise
+        slot, reused = self.prefixes.take(scope, prompt)
         kv = SlotKV(self.cache, slot)
         proposer.use_kv(kv, prompt[:reused])
         self.members[id(proposer)] = kv
-        self.scopes[id(proposer)] = scope
 
-    def leave(self, proposer: DraftModelProposer) -> None:
-        """Free the proposer's slot, noting the tokens its keys and values hold."""
+    def leave(self, proposer: DraftModelProposer, scope: str | None = None) -> None:
+        """Free the proposer's slot, noting the tokens its keys and values hold for `scope`
+        (its request's, as at `join`)."""
         kv = self.members.pop(id(proposer), None)
-        scope = self.scopes.pop(id(proposer), None)
         if kv is not None:
             held = proposer.fed_ids[: self.cache.length[kv.slot]]
             self.cache.release(kv.slot)

@@ -54,13 +54,22 @@ class PrefixCache:
         self.kept: dict[int, Kept] = {}
         self._clock = 0
 
+    def take(self, scope: str | None, prompt: Sequence[int]) -> tuple[int, int]:
+        """The lowest free slot for a request of `prompt`, and the prompt tokens already in
+        it (`place`); a lend that raises gives the slot back."""
+        slot = self.cache.take()
+        try:
+            return slot, self.place(slot, scope, prompt)
+        except BaseException:  # a failed copy must not leave the slot taken for good
+            self.cache.release(slot)
+            raise
+
     def keep(self, slot: int, scope: str | None, tokens: Sequence[int]) -> None:
         """Note that free `slot` holds `tokens`' keys and values (positions 0..n-1)."""
         self.kept.pop(slot, None)
-        if scope is None or len(tokens) < self.min_reuse or not self.cache.allocated:
+        if scope is None or not self._worth(tokens):
             return
-        self._clock += 1
-        kept = Kept(scope, tuple(tokens), self._clock)
+        kept = Kept(scope, tuple(tokens), self._tick())
         for s in [s for s, k in self.kept.items() if _covers(kept, k)]:
             del self.kept[s]  # the new note covers it: that slot is free for another
         self.kept[slot] = kept
@@ -87,18 +96,23 @@ class PrefixCache:
         if best is not None and best != slot:
             self.cache.copy_prefix(best, slot, reuse)
         if best is not None and best in self.kept:
-            self._clock += 1
-            self.kept[best].used = self._clock
+            self.kept[best].used = self._tick()
         self.cache.length[slot] = reuse
         return reuse
 
     def leaving(self, slot: int, scope: str | None, tokens: Sequence[int]) -> None:
         """A leaving row's slot is about to be overwritten (another row moves into it):
         keep its tokens' keys and values in another free slot."""
-        if scope is None or len(tokens) < self.min_reuse or not self.cache.allocated:
-            return
-        self._save(slot, Kept(scope, tuple(tokens), self._clock + 1), avoid=None)
+        if scope is not None and self._worth(tokens):
+            self._save(slot, Kept(scope, tuple(tokens), self._tick()), avoid=None)
+
+    def _worth(self, tokens: Sequence[int]) -> bool:
+        """Whether `tokens` are worth a note: enough of them, and buffers holding them."""
+        return len(tokens) >= self.min_reuse and self.cache.allocated
+
+    def _tick(self) -> int:
         self._clock += 1
+        return self._clock
 
     def _save(self, src: int, kept: Kept, avoid: int | None) -> None:
         """Copy `kept` (in slot `src`) into another free slot: an unnoted one first, else the

@@ -126,12 +126,7 @@ class Batch:
         """Join at the next step; raises IndexError when every slot is taken."""
         if cfg.target is not self.target:
             raise ValueError("a batch decodes on one target model")
-        slot = self.cache.take()
-        try:
-            reused = self.prefixes.place(slot, cfg.cache_scope, cfg.prompt_ids)
-        except BaseException:  # a failed copy must not leave the slot taken for good
-            self.cache.release(slot)
-            raise
+        slot, reused = self.prefixes.take(cfg.cache_scope, cfg.prompt_ids)
         row = Row(cfg, cancelled, slot, list(cfg.prompt_ids), prefilled=reused)
         cfg.stats.cached_prompt_tokens = reused
         self.rows.append(row)
@@ -170,8 +165,9 @@ class Batch:
         p = row.cfg.proposer
         db = self.drafts.get(id(p.draft)) if isinstance(p, DraftModelProposer) else None
         if db is not None and isinstance(p, DraftModelProposer):
-            db.leave(p)  # an idle draft keeps its cache for the next request that drafts
-            # with it (zeroing a 16-slot cache again took ~30 ms a request on this CPU)
+            # an idle draft keeps its cache for the next request that drafts with it
+            # (zeroing a 16-slot cache again took ~30 ms a request on this CPU)
+            db.leave(p, row.cfg.cache_scope)
 
     def _drop_idle_drafts(self) -> None:
         """Before another draft's cache is allocated, free those nobody drafts with (a
