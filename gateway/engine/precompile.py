@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[2]  # the folder holding the gateway pac
 class Job:
     """One model for the helper to compile: loaded as `load_model(path, device, dtype,
     draft_vocab, cpu_linear=weight_major)` (as the caller loaded it), compiled for `rows`
-    rows, as a draft's drafting step or a target's verify step."""
+    rows on slot buffers of `pad` (None: the default; engine/compiled.py `batch_buffers`),
+    as a draft's drafting step or a target's verify step."""
 
     path: str
     device: str
@@ -53,17 +54,21 @@ class Job:
     weight_major: bool
     rows: int
     draft: bool
+    pad: int | None = None
     kinds: tuple[str, ...] = ()
     """Only these kinds of step (engine/compiled.py `kind`); empty: every kind."""
 
     @classmethod
-    def of(cls, lm: LoadedModel, rows: int, draft: bool, kinds: tuple[str, ...] = ()) -> Job:
+    def of(
+        cls, lm: LoadedModel, rows: int, draft: bool, pad: int | None = None,
+        kinds: tuple[str, ...] = (),
+    ) -> Job:  # fmt: skip
         """The job that compiles `lm` as the caller will: its linear forward as it was
         decided here, its reduced drafting head if it has one."""
         return cls(
             path=lm.path, device=str(lm.device), dtype=str(lm.dtype).removeprefix("torch."),
             draft_vocab=lm.draft_head is not None, weight_major=uses_weight_major(lm.model),
-            rows=rows, draft=draft, kinds=kinds,
+            rows=rows, draft=draft, pad=pad, kinds=kinds,
         )  # fmt: skip
 
 
@@ -148,7 +153,7 @@ def main() -> int:
             )  # fmt: skip
             _, seconds = compiled_model(
                 lm, job.rows, job.draft, progress=lambda m: print(m, flush=True), store=store,
-                kinds=frozenset(job.kinds) or None,
+                kinds=frozenset(job.kinds) or None, pad=job.pad,
             )  # fmt: skip
         except Exception as exc:
             failed += 1

@@ -55,6 +55,7 @@ class ModelPool:
         graphs_mode: str = "off",
         compile_store: Path | None = None,
         compile_helper: bool = False,
+        compile_pad: int | None = None,
     ) -> None:
         """probe_rows > 0: time each model's forwards for batches of up to that many rows
         when it loads (Engine.measure_costs), so the cost model starts from measurements.
@@ -68,7 +69,9 @@ class ModelPool:
         for the next start (engine/compiled.py, Precompiled). compile_helper
         (GATEWAY_COMPILE_HELPER), with a store: at start, a helper process compiles the
         other models and one kind of the first target while the first compiles here
-        (engine/precompile.py; `_compile_alongside`)."""
+        (engine/precompile.py; `_compile_alongside`). compile_pad: the batches' slot pad
+        (batch/slots.py `slot_pad` of the prefill chunk): steps are compiled for buffers of
+        that shape (engine/compiled.py `batch_buffers`)."""
         self.manifest = manifest
         self.device = device
         self.dtype = dtype
@@ -79,6 +82,7 @@ class ModelPool:
         self.graphs_mode = graphs_mode
         self.compile_store = compile_store
         self.compile_helper = compile_helper
+        self.compile_pad = compile_pad
         self._preloaded: dict[tuple[str, str], LoadedModel] = {}  # loaded, not yet served
         self._then: Later | None = None  # the next compile's kinds to leave to the helper
         self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
@@ -93,13 +97,14 @@ class ModelPool:
         probe_rows: int = 0, compile_rows: Callable[[int], int] | None = None,
         cpu_linear: bool | None = None, compile_mode: str = "off", graphs_mode: str = "off",
         compile_store: Path | None = None, compile_helper: bool = False,
+        compile_pad: int | None = None,
     ) -> ModelPool:  # fmt: skip
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
         manifest = load_manifest(path)
         return cls(
             manifest, device, dtype, runner, probe_rows, compile_rows, cpu_linear, compile_mode,
-            graphs_mode, compile_store, compile_helper,
+            graphs_mode, compile_store, compile_helper, compile_pad,
         )  # fmt: skip
 
     async def load_targets(self) -> None:
@@ -165,15 +170,16 @@ class ModelPool:
         for i, (model, draft) in enumerate(models):
             if not draft:  # a draft is compiled for its target's rows
                 rows = compile_rows(model.context_length)
-            if stored(model, rows, draft, store):
+            pad = self.compile_pad
+            if stored(model, rows, draft, store, pad=pad):
                 continue
             if i == 0:
                 busy = True
                 shared = frozenset(SHARED)
-                if rows >= 2 and not stored(model, rows, draft, store, shared):
-                    jobs.append(precompile.Job.of(model, rows, draft, SHARED))
+                if rows >= 2 and not stored(model, rows, draft, store, shared, pad):
+                    jobs.append(precompile.Job.of(model, rows, draft, pad, SHARED))
             else:
-                jobs.append(precompile.Job.of(model, rows, draft))
+                jobs.append(precompile.Job.of(model, rows, draft, pad))
         return precompile.start(jobs, store) if busy and jobs else None
 
     async def _preload(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
@@ -252,7 +258,7 @@ class ModelPool:
             then, self._then = self._then, None  # only the first target's compile
             fast, seconds = compiled_model(
                 model, rows, draft, progress=log.info, measure=measure, inductor=inductor,
-                graphs=graphs, store=self.compile_store, then=then,
+                graphs=graphs, store=self.compile_store, then=then, pad=self.compile_pad,
             )  # fmt: skip
         except Exception as exc:  # an architecture or device inductor cannot compile
             log.warning(

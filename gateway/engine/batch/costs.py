@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gateway.engine.batch.forward import batched_forward
-from gateway.engine.batch.slots import SlotCache, slot_pad
+from gateway.engine.batch.slots import SlotCache
 from gateway.engine.models import LoadedModel, cache_kwarg
 
 WEIGHT = 0.2  # EWMA weight of a new observation
@@ -117,12 +117,16 @@ def probe(
     model, kwarg, dev = lm.model, cache_kwarg(lm.model), lm.device
     context = max(1, min(context, lm.context_length - max(tokens)))
     layers = int(model.config.num_hidden_layers)
-    rows_list = sorted({row_bucket(r) for r in range(1, max_rows + 1)})
+    buckets = sorted({row_bucket(r) for r in range(1, max_rows + 1)})
+    fast = lm.compiled
+    if fast is None or fast.buffers is None:
+        cache = SlotCache(layers, buckets[-1], context + max(tokens))
+    else:  # the batch's own buffers: the compiled step takes their sizes as constants
+        count, positions = fast.buffers
+        cache = SlotCache(layers, count, lm.context_length, pad=positions - lm.context_length)
+    # A bucket past the cache's slots (6 rows: bucket 8) is timed at the rows it has.
+    rows_list = sorted({min(b, cache.slots) for b in buckets})
     top = rows_list[-1]
-    if lm.compiled is None:
-        cache = SlotCache(layers, top, context + max(tokens))
-    else:  # the batch's own shapes, which the compiled graphs were built for
-        cache = SlotCache(layers, top, lm.context_length, pad=slot_pad())
     slots = [cache.take() for _ in range(top)]
     fill = [[(7 * i + j) % lm.vocab_size for j in range(context)] for i in range(top)]
     with torch.inference_mode():

@@ -103,9 +103,9 @@ class Batch:
         layers = int(target.model.config.num_hidden_layers)
         if prefill_chunk < 1:
             raise ValueError(f"a prefill chunk is at least one token, got {prefill_chunk}")
-        # The default pad whatever the chunk below it: the compiled step's graphs were
-        # built on buffers of that shape (engine/compiled.py, warm_up).
-        self.pad = slot_pad(max(prefill_chunk, PREFILL_CHUNK))
+        # The buffers' shape: a compiled step is built for it (engine/compiled.py,
+        # batch_buffers; the gateway compiles with this chunk's pad).
+        self.pad = slot_pad(prefill_chunk)
         self.cache = SlotCache(layers, max_rows, target.context_length, pad=self.pad)
         self.prefixes = PrefixCache(self.cache)  # prompt prefixes kept in free slots
         self._kwarg = cache_kwarg(target.model)

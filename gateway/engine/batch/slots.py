@@ -31,8 +31,10 @@ PREFILL_BUDGET = 512  # prompt tokens a step's prefill forward feeds at most, al
 
 def slot_pad(prefill_chunk: int = PREFILL_CHUNK) -> int:
     """Positions past a slot's capacity where a padded row's filler may land: a step
-    right-pads rows to the longest feed (1 + k <= 1 + MAX_K, or a prefill chunk)."""
-    return max(MAX_K + 1, prefill_chunk)
+    right-pads rows to the longest feed (1 + k <= 1 + MAX_K, or a prefill chunk). Never
+    under the default chunk's, so a smaller chunk keeps the buffers a compiled step was
+    built for (engine/compiled.py `batch_buffers`)."""
+    return max(MAX_K + 1, prefill_chunk, PREFILL_CHUNK)
 
 
 class SlotLayer(CacheLayerMixin):

@@ -78,7 +78,7 @@ def test_a_compiled_draft_runs_its_reduced_head_in_its_step_and_drafts_what_eage
     with torch.inference_mode():
         outs = []
         for compiled in (None, fast.compiled):
-            cache, slots = _scratch(fast, 2, [[3, 4, 5], [6, 7]])
+            cache, slots = _scratch(fast, [[3, 4, 5], [6, 7]])
             cache.length[slots[0]], cache.length[slots[1]] = 3, 2
             outs.append(batched_forward(
                 fast.model, cache_kwarg(fast.model), cache, slots, [[8], [9]], fast.device,
@@ -111,7 +111,7 @@ def test_each_kind_traces_one_layer_and_reuses_its_code_for_the_others(tokenizer
     traced, stamped = (len(timed.get(k, [])) - n for k, n in zip(keys, before, strict=True))
     assert (traced, stamped) == (4, 4 * 2)  # 4 kinds, 3 layers each
     with torch.inference_mode():
-        caches = [_scratch(lm, 4, [[3, 4, 5], [6, 7], [8, 9, 10, 11]]) for _ in range(2)]
+        caches = [_scratch(fast, [[3, 4, 5], [6, 7], [8, 9, 10, 11]]) for _ in range(2)]
         for feeds in ([[12]], [[13, 14]], [[15], [16], [17]], [[18, 19], [20, 21], [22, 23]]):
             outs = []
             for (cache, slots), compiled in zip(caches, (None, fast.compiled), strict=True):
@@ -240,6 +240,36 @@ def test_another_model_config_does_not_load_a_precompiled_step(model_dirs, tmp_p
     other, _ = compiled_model(draft, 4, store=tmp_path)
     assert other.compiled is not None and other.compiled.step.loaded == []  # type: ignore[union-attr]
     assert len(list(tmp_path.glob("step-*.pt"))) == 8
+
+
+def test_a_step_is_compiled_for_its_batchs_slot_buffers(model_dirs, tmp_path) -> None:
+    """The compiled step takes the slot buffers' sizes as constants (what halves a cold
+    compile), so it is built for one batch shape: rows and pad. The store keeps a step per
+    shape (a batch of other rows or another pad compiles its own, rather than loading one
+    whose guards would refuse every call), and the cost probe times the batch's own
+    buffers (a bucket past its rows at its rows), tracing nothing more."""
+    from gateway.engine.batch.slots import slot_pad
+    from gateway.engine.compiled import stored
+
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    fast, _ = compiled_model(target, 3, store=tmp_path)
+    assert fast.compiled is not None and fast.compiled.buffers == (
+        3,
+        target.context_length + slot_pad(),
+    )
+    assert stored(target, 3, False, tmp_path)
+    assert not stored(target, 2, False, tmp_path)
+    assert not stored(target, 3, False, tmp_path, pad=slot_pad(256))
+    traced = counters["stats"]["unique_graphs"]
+    costs = Engine(fast).measure_costs(3)
+    assert {rows for rows, _ in costs.means} == {1, 2, 4}  # bucket 4 timed at 3 rows
+    assert counters["stats"]["unique_graphs"] == traced
+    one = frozenset({"1x1"})
+    other, _ = compiled_model(target, 2, store=tmp_path, kinds=one)
+    assert other.compiled is not None and other.compiled.step.loaded == []  # type: ignore[union-attr]
+    again, _ = compiled_model(target, 3, store=tmp_path, kinds=one)
+    assert again.compiled is not None and again.compiled.step.loaded == ["1x1"]  # type: ignore[union-attr]
+    assert len(list(tmp_path.glob("step-*.pt"))) == 5
 
 
 def test_a_store_that_cannot_be_written_still_serves_the_compiled_step(

@@ -22,12 +22,13 @@ def test_what_a_helper_compiled_loads_here_without_tracing(model_dirs, tmp_path)
     draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=True)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
 
-    helper = start([Job.of(target, 4, draft=False), Job.of(draft, 4, draft=True)], tmp_path)
+    # the batch's rows (run_batch's 8): a step is compiled for its slot buffers' shape
+    helper = start([Job.of(target, 8, draft=False), Job.of(draft, 8, draft=True)], tmp_path)
     assert helper.wait(600)
     assert len(list(tmp_path.glob("step-*.pt"))) == 8
     traced = counters["stats"]["unique_graphs"]
-    fast_target, _ = compiled_model(target, 4, store=tmp_path)
-    fast_draft, _ = compiled_model(draft, 4, draft=True, store=tmp_path)
+    fast_target, _ = compiled_model(target, 8, store=tmp_path)
+    fast_draft, _ = compiled_model(draft, 8, draft=True, store=tmp_path)
     for fast in (fast_target, fast_draft):
         assert sorted(fast.compiled.step.loaded) == KINDS  # type: ignore[union-attr]
     engine = Engine(fast_target)
