@@ -218,19 +218,74 @@ def test_a_call_a_precompiled_step_refuses_runs_just_in_time_and_the_log_says_so
     from gateway.engine.compiled import Precompiled
 
     class Artifact:  # accepts up to 4 tokens a row
-        def guard_check(self, inputs: torch.Tensor) -> bool:
+        def guard_check(self, inputs: torch.Tensor, *rest: object) -> bool:
             return inputs.shape[2] <= 4
 
-        def __call__(self, inputs: torch.Tensor) -> str:
+        def __call__(self, *args: object) -> str:
             return "artifact"
 
-    step = Precompiled(None, lambda inputs: "jit", None, None, tmp_path, "x")  # type: ignore[arg-type]
+    step = Precompiled(None, lambda *args: "jit", None, None, tmp_path, "x")  # type: ignore[arg-type]
     step.fns["1xN"] = Artifact()
+    keys, values = [torch.zeros(2, 1, 8, 4)], [torch.zeros(2, 1, 8, 4)]
     with caplog.at_level(logging.WARNING, "gateway.engine.compiled"):
-        got = [step(torch.zeros(6, 1, t, dtype=torch.long)) for t in (3, 5, 6, 4)]
+        got = [
+            step(
+                torch.zeros(6, 1, t, dtype=torch.long),
+                torch.arange(5),
+                torch.zeros(2),
+                keys,
+                values,
+            )
+            for t in (3, 5, 6, 4)
+        ]
     assert got == ["artifact", "jit", "jit", "artifact"]
     said = [r.getMessage() for r in caplog.records if "guards refuse" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("step kind 1xN") and "(6, 1, 5)" in said[0]
+
+
+def test_a_precompiled_step_checks_its_guards_once_per_shape_span_class_and_cache(
+    tmp_path,
+) -> None:
+    """Guard checks cost more than the one-row step's Python around them, so a call whose
+    `_call_key` passed before skips them: the same rows and tokens, a key span of 2 or
+    more inside the buffers, the same slot buffers, the same grad and inference mode. Any
+    other call is checked, and one the guards refuse is served just in time."""
+    from gateway.engine.compiled import Precompiled
+
+    checked: list[tuple[int, ...]] = []
+
+    class Artifact:  # refuses a span of one key, or buffers of 6 positions
+        def guard_check(self, inputs, span, base, keys, values) -> bool:  # type: ignore[no-untyped-def]
+            checked.append((inputs.shape[1], span.shape[0], keys[0].shape[2]))
+            return span.shape[0] > 1 and keys[0].shape[2] == 8
+
+        def __call__(self, *args: object) -> str:
+            return "artifact"
+
+    step = Precompiled(None, lambda *args: "jit", None, None, tmp_path, "x")  # type: ignore[arg-type]
+    step.fns["1x1"], step.fns["Bx1"] = Artifact(), Artifact()
+    one, two = torch.zeros(6, 1, 1, dtype=torch.long), torch.zeros(6, 2, 1, dtype=torch.long)
+    buffers = [torch.zeros(2, 1, 8, 4)], [torch.zeros(2, 1, 8, 4)]
+    small = [torch.zeros(2, 1, 6, 4)], [torch.zeros(2, 1, 6, 4)]
+    base = torch.zeros(2)
+
+    def call(
+        inputs: torch.Tensor, span: int, kv: tuple[list[torch.Tensor], list[torch.Tensor]]
+    ) -> str:
+        return step(inputs, torch.arange(span), base, *kv)  # type: ignore[return-value]
+
+    with torch.inference_mode():
+        got = [
+            call(one, 5, buffers), call(one, 6, buffers), call(one, 7, buffers),  # checked once
+            call(two, 5, buffers), call(two, 6, buffers),  # other rows: checked once
+            call(one, 1, buffers), call(one, 1, buffers),  # one key: checked every time
+            call(one, 8, buffers),  # past the buffers' positions: checked
+            call(one, 5, small), call(one, 5, small),  # other buffers: checked, refused
+        ]  # fmt: skip
+    assert got == ["artifact"] * 5 + ["jit", "jit", "artifact", "jit", "jit"]
+    assert checked == [(1, 5, 8), (2, 5, 8), (1, 1, 8), (1, 1, 8), (1, 8, 8), (1, 5, 6), (1, 5, 6)]
+    call(one, 5, buffers)  # outside inference mode: checked again
+    assert checked[-1] == (1, 5, 8) and len(checked) == 8
 
 
 def test_another_model_config_does_not_load_a_precompiled_step(model_dirs, tmp_path) -> None:
