@@ -18,8 +18,10 @@ they are long matrix products, where overhead is small.
 
 Shapes: dynamic, so a handful of graphs cover every step: torch specialises sizes of 1,
 so the kinds are one row x one token, one row x several tokens, several rows x one,
-several x several. Whether the one-row one-token kind pays depends on the CPU (eager reads
-the row's cache as a view with no mask, the compiled step gathers and masks): 1.26x
+several x several. The slot buffers' sizes are constants (`_step`): a step is built for
+one batch shape (`batch_buffers`). Whether the one-row one-token kind pays depends on the
+CPU (eager reads the row's cache as a view with no mask, the compiled step gathers and
+masks): 1.26x
 standard tokens/s on an AVX-512 EPYC, 0.92x on an AVX2 one (`python -m benchmarks
 engine_compiled`); GATEWAY_COMPILE=auto measures each kind and keeps the faster. `warm_up`
 compiles them at start, before the gateway says it is ready; with a store (`Precompiled`)
