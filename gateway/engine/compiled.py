@@ -247,7 +247,7 @@ def _layer(
         keys.index_put_(where, k)
         values.index_put_(where, v)
         if base is not None:
-            if keys.shape[0] == 1:  # one slot, a size torch specialises: lo is 0
+            if keys.shape[0] == 1:  # one slot: lo is 0
                 return keys[:, :, :span], values[:, :, :span]
             lo, b = base.shape[0] - 2, rows.shape[0]
             torch._check(lo >= 0)
@@ -377,17 +377,20 @@ def _call_key(args: tuple[torch.Tensor, ...]) -> tuple[Any, ...] | None:
     The guards (torch 2.13, `guard_manager.code_parts`) check the global state (grad and
     inference mode among it); every input's dtype, device, sizes and strides, the slot
     buffers' and the weights' too; and that no two alias. What varies between calls: the
-    rows and tokens (held exactly: at most slots x MAX_TOKENS shapes); the key span S,
-    which grows a token a step and passes for 2 <= S < the buffers' positions (held as
+    rows and tokens (held exactly: at most slots x MAX_TOKENS shapes); the slot base's
+    size, lo + 2 (held exactly: a contiguous step checks lo + rows <= slots); the key span
+    S, which grows a token a step and passes for 2 <= S < the buffers' positions (held as
     S > 1; batched_forward keeps S within a slot's capacity); and the slot buffers, one
-    list of tensors of one shape for a cache's life (batch/slots.py `buffers`). The input,
+    list of tensors of one shape for a cache's life (batch/slots.py `buffers`; held by id
+    and shape, not kept: a freed cache's id may come back, with buffers of that shape and
+    the model's dtype and device, which the guards accept alike). The input,
     span and slot base are always fresh contiguous int64 / int8 tensors on the model's
     device, and the weights never change shape."""
     span, keys = args[1].shape[0], args[3]
     if span >= keys[0].shape[2]:
         return None
     return (
-        args[0].shape, span > 1, id(keys), id(args[4]), keys[0].shape,
+        args[0].shape, span > 1, args[2].shape[0], id(keys), id(args[4]), keys[0].shape,
         torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
     )  # fmt: skip
 

@@ -238,8 +238,9 @@ class ModelPool:
         self, model: LoadedModel, entry: ModelEntry, context: int, draft: bool
     ) -> LoadedModel:
         """`model` compiled for its target's batch: `context` is the target's context length,
-        which sets the batch's rows (a draft's slots are as many as its target's rows; a
-        one-slot cache is a size torch specialises, so the count must match)."""
+        which sets the batch's rows (a draft's slots are as many as its target's rows; the
+        step takes the slot buffers' sizes as constants, engine/compiled.py
+        `batch_buffers`, so the count must match)."""
         inductor, graphs = self._fast(model)
         if not (inductor or graphs) or self.compile_rows is None:
             return model

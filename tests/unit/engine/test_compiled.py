@@ -169,7 +169,7 @@ def test_auto_keeps_the_kinds_it_measured_faster_and_decodes_what_eager_decodes(
     assert kept == faster_kinds(ratios)
     # whatever this machine kept, a batch with only some kinds compiled (here: every
     # multi-row step compiled, one-row steps eager) decodes what eager decodes
-    compiled = compiled_model(target, 4)[0].compiled
+    compiled = compiled_model(target, 8)[0].compiled  # run_batch's rows: its buffers' shape
     assert compiled is not None
     part = replace(target, compiled=replace(compiled, kinds=frozenset({"Bx1", "BxN"})))
     engine = Engine(part)
