@@ -50,12 +50,11 @@ import torch
 
 from gateway.engine.batch.decoder import Family, Joined, attention_extra, block
 from gateway.engine.batch.forward import model_facts, step_mask
-from gateway.engine.batch.slots import slot_pad
+from gateway.engine.batch.slots import PREFILL_CHUNK, SlotCache, slot_pad
 from gateway.engine.cpu_linear import machine_identity
 
 if TYPE_CHECKING:
     from gateway.engine.batch.decoder import LeanDecoder
-    from gateway.engine.batch.slots import SlotCache
     from gateway.engine.draft_head import DraftHead
     from gateway.engine.graphs import GraphedSteps
     from gateway.engine.models import LoadedModel
@@ -107,11 +106,19 @@ class CompiledForwards:
     buffers: tuple[int, int] | None = None
     """(slots, positions) of the slot buffers the step was compiled for (a batch's rows,
     its context plus pad; `batch_buffers`): the compiled step takes their sizes as
-    constants, so a cache of another shape compiles anew (batch/costs.py probes on these)."""
+    constants, so a cache of another shape compiles anew (`slot_cache` makes one of these)."""
     contiguous: bool = False
     """Whether the step's several-token kinds read the rows' keys and values as one view of
     the slot buffers (`_layer`): the rows must then be slots lo, lo + 1, ... in order
     (batch/forward.py `contiguous_rows` arranges them, with filler rows in the gaps)."""
+
+    def slot_cache(self, layers: int, capacity: int) -> SlotCache:
+        """An empty slot cache of the buffers this step was compiled for (`buffers`), each
+        slot holding `capacity` tokens (the model's context) and the rest as pad: the warm-up
+        and the cost probe (batch/costs.py) run on one."""
+        assert self.buffers is not None
+        slots, positions = self.buffers
+        return SlotCache(layers, slots, capacity, pad=positions - capacity)
 
     def serves(
         self, rows: int, tokens: int, keep_last: bool, backbone: bool, head: DraftHead | None
@@ -432,24 +439,27 @@ def _artifact(store: Path, fingerprint: str, name: str, buffers: tuple[int, int]
     return store / f"step-{fingerprint}-{name}-{slots}x{positions}.pt"
 
 
-def batch_buffers(lm: LoadedModel, max_rows: int, pad: int | None = None) -> tuple[int, int]:
-    """(slots, positions) of the slot buffers of a batch of `max_rows` rows on this model:
-    its context plus `pad` (batch/slots.py `slot_pad`, the default prefill chunk's unless
-    given), what batch/scheduler.py and batch/drafting.py allocate."""
-    return max_rows, lm.context_length + (slot_pad() if pad is None else pad)
+def batch_buffers(
+    lm: LoadedModel, max_rows: int, prefill_chunk: int = PREFILL_CHUNK
+) -> tuple[int, int]:
+    """(slots, positions) of the slot buffers of a batch of `max_rows` rows on this model
+    prefilling `prefill_chunk` tokens a row: its context plus the pad the batch derives
+    from its chunk (batch/slots.py `slot_pad`), what batch/scheduler.py and
+    batch/drafting.py allocate."""
+    return max_rows, lm.context_length + slot_pad(prefill_chunk)
 
 
 def stored(
     lm: LoadedModel, max_rows: int, draft: bool, store: Path,
-    kinds: frozenset[str] | None = None, pad: int | None = None,
+    kinds: frozenset[str] | None = None, prefill_chunk: int = PREFILL_CHUNK,
 ) -> bool:  # fmt: skip
     """Whether `store` holds every kind of step (of `kinds`, default all) that
-    `compiled_model(lm, max_rows, draft, store=store, pad=pad)` compiles (so it would only
-    load them); True for a model that is not compiled."""
+    `compiled_model(lm, max_rows, draft, store=store, prefill_chunk=prefill_chunk)`
+    compiles (so it would only load them); True for a model that is not compiled."""
     if lm.decoder is None:
         return True
     fingerprint = _fingerprint(lm.decoder, draft, lm.draft_head if draft else None)
-    buffers = batch_buffers(lm, max_rows, pad)
+    buffers = batch_buffers(lm, max_rows, prefill_chunk)
     return all(
         _artifact(store, fingerprint, kind(b, t), buffers).exists()
         for b, t in _warm_kinds(max_rows)
@@ -561,7 +571,8 @@ def compiled_model(
     lm: LoadedModel, max_rows: int, draft: bool = False,
     progress: Callable[[str], None] = log.info, measure: bool = False,
     inductor: bool = True, graphs: bool = False, store: Path | None = None,
-    kinds: frozenset[str] | None = None, then: Later | None = None, pad: int | None = None,
+    kinds: frozenset[str] | None = None, then: Later | None = None,
+    prefill_chunk: int = PREFILL_CHUNK,
 ) -> tuple[LoadedModel, float]:  # fmt: skip
     """``lm`` with its compiled step (a draft's: drafting, through its reduced head if it
     has one; a target's: verify), every kind of step already compiled on a slot cache
@@ -574,16 +585,17 @@ def compiled_model(
     (GATEWAY_COMPILE=auto), each kind is then timed compiled and eager and only the kinds
     where compiling measured faster are served compiled; where none is, ``lm`` comes back
     eager. Raises ValueError for a model without a lean decoder (its family was not
-    checked, batch/decoder.py): it runs eager. `kinds` and `then`: see `warm_up`. `pad`:
-    the batch's slot pad (`batch_buffers`): the step is compiled for buffers of that
-    shape, which the batch must allocate."""
+    checked, batch/decoder.py): it runs eager. `kinds` and `then`: see `warm_up`.
+    `prefill_chunk`: the batch's (GATEWAY_PREFILL_CHUNK): the step is compiled for the
+    slot buffers such a batch allocates (`batch_buffers`)."""
     if lm.decoder is None:
         raise ValueError("only models the lean decoder runs are compiled (Llama, Mistral, Qwen2)")
     fast = compile_forwards(
         lm.decoder, keep_last=draft, head=lm.draft_head if draft else None, inductor=inductor,
         graph_rows=max(2, max_rows) if graphs else 0, store=store,
     )  # fmt: skip
-    out = replace(lm, compiled=replace(fast, buffers=batch_buffers(lm, max_rows, pad)))
+    buffers = batch_buffers(lm, max_rows, prefill_chunk)
+    out = replace(lm, compiled=replace(fast, buffers=buffers))
     t0 = time.perf_counter()
     if inductor:
         warm_up(out, max_rows, progress, kinds, then)
@@ -721,13 +733,10 @@ def _scratch(lm: LoadedModel, fill: list[list[int]]) -> tuple[SlotCache, list[in
     `fill` holding that row's tokens (prefilled eager, uncommitted: callers set the
     lengths they want)."""
     from gateway.engine.batch.forward import batched_forward
-    from gateway.engine.batch.slots import SlotCache
     from gateway.engine.models import cache_kwarg
 
-    assert lm.compiled is not None and lm.compiled.buffers is not None
-    count, positions = lm.compiled.buffers
-    layers = int(lm.model.config.num_hidden_layers)
-    cache = SlotCache(layers, count, lm.context_length, pad=positions - lm.context_length)
+    assert lm.compiled is not None
+    cache = lm.compiled.slot_cache(int(lm.model.config.num_hidden_layers), lm.context_length)
     slots = [cache.take() for _ in fill]
     batched_forward(lm.model, cache_kwarg(lm.model), cache, slots, fill, lm.device,
                     keep_last=True, decoder=lm.decoder)  # fmt: skip

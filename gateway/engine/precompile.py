@@ -32,6 +32,7 @@ from typing import IO
 
 import torch
 
+from gateway.engine.batch.slots import PREFILL_CHUNK
 from gateway.engine.cpu_linear import uses_weight_major
 from gateway.engine.models import LoadedModel
 
@@ -44,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[2]  # the folder holding the gateway pac
 class Job:
     """One model for the helper to compile: loaded as `load_model(path, device, dtype,
     draft_vocab, cpu_linear=weight_major)` (as the caller loaded it), compiled for `rows`
-    rows on slot buffers of `pad` (None: the default; engine/compiled.py `batch_buffers`),
-    as a draft's drafting step or a target's verify step."""
+    rows of a batch prefilling `prefill_chunk` tokens a row (engine/compiled.py
+    `batch_buffers`), as a draft's drafting step or a target's verify step."""
 
     path: str
     device: str
@@ -54,13 +55,13 @@ class Job:
     weight_major: bool
     rows: int
     draft: bool
-    pad: int | None = None
+    prefill_chunk: int = PREFILL_CHUNK
     kinds: tuple[str, ...] = ()
     """Only these kinds of step (engine/compiled.py `kind`); empty: every kind."""
 
     @classmethod
     def of(
-        cls, lm: LoadedModel, rows: int, draft: bool, pad: int | None = None,
+        cls, lm: LoadedModel, rows: int, draft: bool, prefill_chunk: int = PREFILL_CHUNK,
         kinds: tuple[str, ...] = (),
     ) -> Job:  # fmt: skip
         """The job that compiles `lm` as the caller will: its linear forward as it was
@@ -68,7 +69,7 @@ class Job:
         return cls(
             path=lm.path, device=str(lm.device), dtype=str(lm.dtype).removeprefix("torch."),
             draft_vocab=lm.draft_head is not None, weight_major=uses_weight_major(lm.model),
-            rows=rows, draft=draft, pad=pad, kinds=kinds,
+            rows=rows, draft=draft, prefill_chunk=prefill_chunk, kinds=kinds,
         )  # fmt: skip
 
 
@@ -153,7 +154,7 @@ def main() -> int:
             )  # fmt: skip
             _, seconds = compiled_model(
                 lm, job.rows, job.draft, progress=lambda m: print(m, flush=True), store=store,
-                kinds=frozenset(job.kinds) or None, pad=job.pad,
+                kinds=frozenset(job.kinds) or None, prefill_chunk=job.prefill_chunk,
             )  # fmt: skip
         except Exception as exc:
             failed += 1

@@ -12,7 +12,6 @@ from typing import TypeVar
 
 from gateway.database import AuditWriter, Database
 from gateway.engine import init_torch_thread, keep_verdicts
-from gateway.engine.batch.slots import slot_pad
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.decisions import PolicyService
@@ -139,7 +138,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         compile_rows=compile_rows, cpu_linear=cpu_linear,
         compile_mode=compile_mode, graphs_mode=_graphs_mode(settings.cuda_graphs),
         compile_store=compile_store, compile_helper=settings.compile_helper,
-        compile_pad=slot_pad(settings.prefill_chunk),
+        prefill_chunk=settings.prefill_chunk,
     )  # fmt: skip
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)

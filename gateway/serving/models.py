@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.engine import Engine, LoadedModel, check_pair, load_model, precompile
+from gateway.engine.batch.slots import PREFILL_CHUNK
 from gateway.engine.compiled import Later, compiled_model, stored
 from gateway.serving.errors import GatewayError
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
@@ -55,7 +56,7 @@ class ModelPool:
         graphs_mode: str = "off",
         compile_store: Path | None = None,
         compile_helper: bool = False,
-        compile_pad: int | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:
         """probe_rows > 0: time each model's forwards for batches of up to that many rows
         when it loads (Engine.measure_costs), so the cost model starts from measurements.
@@ -69,9 +70,9 @@ class ModelPool:
         for the next start (engine/compiled.py, Precompiled). compile_helper
         (GATEWAY_COMPILE_HELPER), with a store: at start, a helper process compiles the
         other models and one kind of the first target while the first compiles here
-        (engine/precompile.py; `_compile_alongside`). compile_pad: the batches' slot pad
-        (batch/slots.py `slot_pad` of the prefill chunk): steps are compiled for buffers of
-        that shape (engine/compiled.py `batch_buffers`)."""
+        (engine/precompile.py; `_compile_alongside`). prefill_chunk: the batches'
+        (GATEWAY_PREFILL_CHUNK): steps are compiled for the slot buffers such a batch
+        allocates (engine/compiled.py `batch_buffers`)."""
         self.manifest = manifest
         self.device = device
         self.dtype = dtype
@@ -82,7 +83,7 @@ class ModelPool:
         self.graphs_mode = graphs_mode
         self.compile_store = compile_store
         self.compile_helper = compile_helper
-        self.compile_pad = compile_pad
+        self.prefill_chunk = prefill_chunk
         self._preloaded: dict[tuple[str, str], LoadedModel] = {}  # loaded, not yet served
         self._then: Later | None = None  # the next compile's kinds to leave to the helper
         self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
@@ -97,14 +98,14 @@ class ModelPool:
         probe_rows: int = 0, compile_rows: Callable[[int], int] | None = None,
         cpu_linear: bool | None = None, compile_mode: str = "off", graphs_mode: str = "off",
         compile_store: Path | None = None, compile_helper: bool = False,
-        compile_pad: int | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
     ) -> ModelPool:  # fmt: skip
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
         manifest = load_manifest(path)
         return cls(
             manifest, device, dtype, runner, probe_rows, compile_rows, cpu_linear, compile_mode,
-            graphs_mode, compile_store, compile_helper, compile_pad,
+            graphs_mode, compile_store, compile_helper, prefill_chunk,
         )  # fmt: skip
 
     async def load_targets(self) -> None:
@@ -166,20 +167,20 @@ class ModelPool:
         if any(m.device.type != "cpu" or not self._fast(m)[0] for m, _ in models):
             return None
         jobs: list[precompile.Job] = []
+        chunk = self.prefill_chunk
         rows, busy = 0, False  # busy: the first target has steps to compile here
         for i, (model, draft) in enumerate(models):
             if not draft:  # a draft is compiled for its target's rows
                 rows = compile_rows(model.context_length)
-            pad = self.compile_pad
-            if stored(model, rows, draft, store, pad=pad):
+            if stored(model, rows, draft, store, prefill_chunk=chunk):
                 continue
             if i == 0:
                 busy = True
                 shared = frozenset(SHARED)
-                if rows >= 2 and not stored(model, rows, draft, store, shared, pad):
-                    jobs.append(precompile.Job.of(model, rows, draft, pad, SHARED))
+                if rows >= 2 and not stored(model, rows, draft, store, shared, chunk):
+                    jobs.append(precompile.Job.of(model, rows, draft, chunk, SHARED))
             else:
-                jobs.append(precompile.Job.of(model, rows, draft, pad))
+                jobs.append(precompile.Job.of(model, rows, draft, chunk))
         return precompile.start(jobs, store) if busy and jobs else None
 
     async def _preload(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
@@ -259,7 +260,8 @@ class ModelPool:
             then, self._then = self._then, None  # only the first target's compile
             fast, seconds = compiled_model(
                 model, rows, draft, progress=log.info, measure=measure, inductor=inductor,
-                graphs=graphs, store=self.compile_store, then=then, pad=self.compile_pad,
+                graphs=graphs, store=self.compile_store, then=then,
+                prefill_chunk=self.prefill_chunk,
             )  # fmt: skip
         except Exception as exc:  # an architecture or device inductor cannot compile
             log.warning(

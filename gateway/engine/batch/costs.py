@@ -122,8 +122,7 @@ def probe(
     if fast is None or fast.buffers is None:
         cache = SlotCache(layers, buckets[-1], context + max(tokens))
     else:  # the batch's own buffers: the compiled step takes their sizes as constants
-        count, positions = fast.buffers
-        cache = SlotCache(layers, count, lm.context_length, pad=positions - lm.context_length)
+        cache = fast.slot_cache(layers, lm.context_length)
     # A bucket past the cache's slots (6 rows: bucket 8) is timed at the rows it has.
     rows_list = sorted({min(b, cache.slots) for b in buckets})
     top = rows_list[-1]

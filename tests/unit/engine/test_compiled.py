@@ -314,7 +314,7 @@ def test_a_step_is_compiled_for_its_batchs_slot_buffers(model_dirs, tmp_path) ->
     )
     assert stored(target, 3, False, tmp_path)
     assert not stored(target, 2, False, tmp_path)
-    assert not stored(target, 3, False, tmp_path, pad=slot_pad(256))
+    assert not stored(target, 3, False, tmp_path, prefill_chunk=256)
     traced = counters["stats"]["unique_graphs"]
     costs = Engine(fast).measure_costs(3)
     assert {rows for rows, _ in costs.means} == {1, 2, 4}  # bucket 4 timed at 3 rows
