@@ -28,12 +28,19 @@ def alpha_from_half_life(half_life: float) -> float:
 
 
 def update_history(
-    entry: HistoryEntry | None, drafted: int, accepted: int, c: float | None, alpha: float
-) -> HistoryEntry:
+    entry: HistoryEntry | None, drafted: int, accepted: int, c: float | None, alpha: float,
+    rejections: int | None = None,
+) -> HistoryEntry:  # fmt: skip
     """Fold one finished speculative request into the history.
 
-    - acceptance: EWMA of accepted / drafted with weight `alpha` on the new request; the first
-      request initialises it. A request that drafted nothing carries no acceptance evidence:
+    - acceptance: EWMA, with weight `alpha` on the new request, of the request's per-token
+      acceptance rate, the a of E(a, k): accepted / (accepted + rejections), where
+      `rejections` counts its verify steps that rejected a drafted token. That is the rate's
+      maximum-likelihood estimate when each drafted token is accepted with probability a
+      until the first rejection (the model E(a, k) assumes). accepted / drafted, used when
+      `rejections` is None, underestimates it: tokens drafted after a rejected one are
+      never tried (a = 0.8 drafting 4 a step gives about 0.59). The first request
+      initialises it. A request that drafted nothing carries no acceptance evidence:
       acceptance and samples stay as they were (only c is updated).
     - c: EWMA of the measured cost ratio; None keeps the previous value (0.0 for a new entry:
       unmeasured proposer cost counts as negligible until measured).
@@ -47,17 +54,22 @@ def update_history(
         )
     if c is not None and (c < 0.0 or not math.isfinite(c)):
         raise ValueError(f"cost ratio c must be finite and >= 0, got {c}")
+    if rejections is not None and not 0 <= rejections <= drafted - accepted:
+        raise ValueError(f"need 0 <= rejections <= drafted - accepted, got rejections={rejections}")
+    tried = drafted if rejections is None else accepted + rejections
+    if tried == 0:
+        drafted = 0  # nothing was decided: no evidence
 
     if entry is None:
         new_c = 0.0 if c is None else c
         if drafted == 0:
             return HistoryEntry(acceptance=0.0, c=new_c, samples=0)
-        return HistoryEntry(acceptance=accepted / drafted, c=new_c, samples=1)
+        return HistoryEntry(acceptance=accepted / tried, c=new_c, samples=1)
 
     new_c = entry.c if c is None else ewma(entry.c, c, alpha)
     if drafted == 0:
         return HistoryEntry(acceptance=entry.acceptance, c=new_c, samples=entry.samples)
-    observed = accepted / drafted
+    observed = accepted / tried
     acceptance = observed if entry.samples == 0 else ewma(entry.acceptance, observed, alpha)
     return HistoryEntry(acceptance=acceptance, c=new_c, samples=entry.samples + 1)
 

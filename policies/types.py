@@ -50,7 +50,8 @@ class HistoryEntry:
     """Exponentially weighted acceptance history for one (proposer, draft version)."""
 
     acceptance: float
-    """EWMA of accepted / drafted per request, in [0, 1]."""
+    """EWMA of each request's per-token acceptance, accepted / (accepted + verify steps that
+    rejected a drafted token), in [0, 1]: the a of E(a, k) (policies/costmodel.py)."""
     c: float
     """EWMA of the cost ratio: one proposer step / one target step."""
     samples: int

@@ -31,8 +31,9 @@ from gateway.limits import MAX_K, MAX_TOP_LOGPROBS
 
 @dataclass(frozen=True)
 class StepCost:
-    """Measured at `rows` rows: verify[k] = a verify forward of k + 1 tokens per row in
-    standard steps; draft_c = one draft forward / one standard step (None: not measured)."""
+    """Measured at `rows` rows: verify[k] = a step verifying k + 1 tokens per row, in
+    standard steps; draft_c = one draft forward / one standard step (None: not measured).
+    A step counts its overhead outside the forwards (batch/costs.py `overhead`)."""
 
     rows: int
     verify: tuple[float, ...]
@@ -106,7 +107,7 @@ class Engine:
             return None
         c = None
         d = None if draft is None else self.costs.get(id(draft))
-        one = target.seconds(rows, 1)
+        one = target.standard_step(rows)
         if d is not None and one:
             ds = d.seconds(rows, 1)
             c = None if ds is None else ds / one

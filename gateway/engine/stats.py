@@ -26,6 +26,7 @@ class DecodeStats:
     rejected: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     num_drafts: int = 0
+    rejected_steps: int = 0  # verify steps that rejected a drafted token (accepted < drafted)
     target_forwards: int = 0
     draft_forwards: int = 0
     generated_tokens: int = 0
@@ -52,6 +53,14 @@ class DecodeStats:
         return self.accepted / self.drafted if self.drafted else None
 
     @property
+    def token_acceptance(self) -> float | None:
+        """The per-token acceptance rate a of E(a, k): accepted / (accepted + rejected steps),
+        its estimate when each drafted token is accepted with probability a until the first
+        rejection (policies/costmodel.py `update_history`)."""
+        tried = self.accepted + self.rejected_steps
+        return self.accepted / tried if tried else None
+
+    @property
     def mean_accepted_length(self) -> float | None:
         """Tokens emitted per verify step that had a draft: 1 + accepted / num_drafts."""
         return 1.0 + self.accepted / self.num_drafts if self.num_drafts else None
@@ -73,6 +82,7 @@ class DecodeStats:
             self.drafted += drafted
             self.accepted += accepted
             self.rejected = self.drafted - self.accepted
+            self.rejected_steps += accepted < drafted
             if len(self.accepted_per_pos) < drafted:
                 self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
             for j in range(accepted):

@@ -239,8 +239,9 @@ class PolicyService:
         for tenant in (d.tenant_id, GLOBAL):
             key = (tenant, proposer, version)
             entry = update_history(
-                self.history.get(key), stats.drafted, stats.accepted, stats.c, plan.ewma_alpha
-            )
+                self.history.get(key), stats.drafted, stats.accepted, stats.c, plan.ewma_alpha,
+                rejections=stats.rejected_steps,
+            )  # fmt: skip
             self.history[key] = entry
             await self.store.put_acceptance(
                 tenant,

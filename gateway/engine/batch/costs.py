@@ -12,6 +12,15 @@ scratch cache of realistic length) and then follows every real batch forward (`o
 so it tracks the machine's actual load. `seconds` interpolates the tokens axis linearly
 between measured shapes (and extrapolates past the last); None before anything is measured.
 
+A step is more than its forwards: planning, settling and emitting every row, handing the
+events to the event loop, and, in a gateway, waiting for the interpreter lock while the
+loop streams them. The batch measures that time too (`observe_overhead`: the seconds from
+one decoding step's start to the next one's, less the forwards it ran), per row bucket and
+by whether the step drafted, and the cost model counts it in every step (`overhead`,
+`verify_costs`): without it a standard step looks cheaper against a speculative one than
+it is, since a speculative step pays it once for several tokens. Measured on the compiled
+demo target through HTTP it was about a third of a one-row standard step.
+
 Noise: a forward of more tokens never costs less than one of fewer, so `seconds` reads the
 measured points as a non-decreasing curve (each point at most every later one). A probe
 timed during a hiccup (seen here: 2-token forwards at 3.2x a 1-token one, 3-token ones at
@@ -26,6 +35,7 @@ import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -51,11 +61,27 @@ class ForwardCosts:
     """Measured seconds of one forward by (row bucket, tokens per row)."""
 
     means: dict[tuple[int, int], float] = field(default_factory=dict)
+    # seconds a step spends outside its forwards, by (row bucket, whether it drafted)
+    overheads: dict[tuple[int, bool], float] = field(default_factory=dict)
 
     def observe(self, rows: int, tokens: int, seconds: float) -> None:
-        key = (row_bucket(rows), tokens)
-        old = self.means.get(key)
-        self.means[key] = seconds if old is None else (1 - WEIGHT) * old + WEIGHT * seconds
+        _ewma(self.means, (row_bucket(rows), tokens), seconds)
+
+    def observe_overhead(self, rows: int, drafted: bool, seconds: float) -> None:
+        """One decoding step of `rows` rows spent `seconds` outside its forwards."""
+        _ewma(self.overheads, (row_bucket(rows), drafted), max(0.0, seconds))
+
+    def overhead(self, rows: int, drafted: bool) -> float:
+        """Seconds a step of `rows` rows spends outside its forwards: measured at the row
+        bucket (else the nearest smaller one), a drafting step's else a standard one's and
+        the other way round; 0 before any step was measured."""
+        b = row_bucket(rows)
+        below = sorted({rb for rb, _ in self.overheads if rb <= b}, reverse=True)
+        for rb in below:
+            for key in ((rb, drafted), (rb, not drafted)):
+                if key in self.overheads:
+                    return self.overheads[key]
+        return 0.0
 
     def seconds(self, rows: int, tokens: int) -> float | None:
         """Estimated seconds of a forward of `rows` rows x `tokens` tokens; None when no
@@ -74,12 +100,25 @@ class ForwardCosts:
         points = _non_decreasing(sorted((t, s) for (r, t), s in self.means.items() if r == rb))
         return [_interpolate(points, t) for t in range(1, max_tokens + 1)]
 
+    def standard_step(self, rows: int) -> float | None:
+        """Seconds of one standard step at `rows` rows: T(rows, 1) and the step's overhead."""
+        one = self.seconds(rows, 1)
+        return None if one is None else one + self.overhead(rows, False)
+
     def verify_costs(self, rows: int, k_max: int) -> tuple[float, ...] | None:
-        """v(k) = T(rows, k + 1) / T(rows, 1) for k = 0..k_max (v(0) = 1)."""
+        """v(k) for k = 0..k_max (v(0) = 1): a step verifying k drafted tokens a row, its
+        forward T(rows, k + 1) and a drafting step's overhead, in standard steps."""
         curve = self.curve(rows, k_max + 1)
-        if curve is None or curve[0] <= 0:
+        standard = self.standard_step(rows)
+        if curve is None or not standard or standard <= 0:
             return None
-        return tuple(max(1.0, s / curve[0]) for s in curve)
+        spec = self.overhead(rows, True)
+        return (1.0, *(max(1.0, (s + spec) / standard) for s in curve[1:]))
+
+
+def _ewma(means: dict[Any, float], key: Any, seconds: float) -> None:
+    old = means.get(key)
+    means[key] = seconds if old is None else (1 - WEIGHT) * old + WEIGHT * seconds
 
 
 def _non_decreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:

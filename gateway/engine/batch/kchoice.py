@@ -3,14 +3,16 @@
 A verify forward is padded to its longest row, and draft forwards are shared by the rows
 of a draft, so a batch step costs about
 
-    T(B, 1 + max_r k_r) + sum over drafts d of max_{r in d} k_r * D_d(n_d)
+    T(B, 1 + max_r k_r) + sum over drafts d of max_{r in d} k_r * D_d(n_d) + O(B)
 
 (T: the target's measured forward seconds for B rows of that many tokens; D_d: draft d's
-for its n_d drafting rows) and emits sum_r E(a_r, k_r) tokens (E of gateway/costmodel.py;
-a standard row emits 1). Each step the batch tries k = 0..k_max for its adaptive rows
-(speculative rows whose k policy measures: not seeded sampled ones, whose k must stay their
-own so that the seed alone fixes the text), each row's k clamped to its bounds (0 allowed
-only where its request may pause), and sets the best as every adaptive row's `batch_k`.
+for its n_d drafting rows; O: the measured seconds a step spends outside its forwards,
+a drafting step's when any row drafts, batch/costs.py `overhead`) and emits
+sum_r E(a_r, k_r) tokens (E of gateway/costmodel.py; a standard row emits 1). Each step
+the batch tries k = 0..k_max for its adaptive rows (speculative rows whose k policy
+measures: not seeded sampled ones, whose k must stay their own so that the seed alone
+fixes the text), each row's k clamped to its bounds (0 allowed only where its request may
+pause), and sets the best as every adaptive row's `batch_k`.
 Rows keep their own acceptance estimate a_r. Greedy output never depends on k, and any k
 is exact for sampled output, so this choice changes speed only.
 
@@ -72,12 +74,13 @@ def choose_batch_k(
     # T(rows, 1 + k) for every k a row may run, read once per step (not once per candidate)
     verify = target.curve(rows, 1 + max([k_hi] + [kc for _, kc in fixed]))
     assert verify is not None  # _measured above
+    overhead = {d: target.overhead(rows, d) for d in (False, True)}
     draft_one: dict[tuple[int, int], float | None] = {}
     for k in range(k_hi + 1):
         ks = [(c, _clamp(c, k)) for c in adaptive] + fixed
         widest = max(kc for _, kc in ks)
-        step_s = verify[widest]
-        step_s += _draft_seconds(ks, drafts, verify[0], draft_one)
+        step_s = verify[widest] + overhead[widest > 0]
+        step_s += _draft_seconds(ks, drafts, verify[0] + overhead[False], draft_one)
         tokens = standard + sum(
             expected_tokens(c.policy.acceptance, kc) for c, kc in ks if c.policy is not None
         )

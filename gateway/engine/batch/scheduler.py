@@ -83,6 +83,16 @@ class Row:
         return self.prefilled < len(self.cfg.prompt_ids) - 1
 
 
+@dataclass(frozen=True)
+class _StepMark:
+    """A decoding step, for the overhead measured at the next one's start."""
+
+    started: float
+    rows: int  # rows that decoded
+    drafted: bool  # any of them drafted
+    forward_s: float  # its forwards, target and draft
+
+
 class Batch:
     """Rows decoding on one target; `max_rows` slots of the target's context length."""
 
@@ -117,6 +127,8 @@ class Batch:
         self.forwards = 0
         self.steps = 0
         self.draft_forwards = 0  # shared draft forwards (each drafts for every row in it)
+        self._forward_s = 0.0  # this step's forwards, target and draft (prefill included)
+        self._last: _StepMark | None = None  # the previous decoding step, for its overhead
 
     @property
     def free(self) -> int:
@@ -179,8 +191,11 @@ class Batch:
         """One step of every row; returns the events each row produced. A row's last event
         is its Finished (or the Exception its step raised); it has then left the batch."""
         events: dict[int, list[Event]] = {id(r): [] for r in self.rows}
+        started = time.perf_counter()
+        self._observe_overhead(started)
+        self._forward_s = 0.0
         with torch.inference_mode():
-            self._prefill()
+            prefilled = self._prefill()
             ks: list[tuple[Row, int]] = []
             choose_batch_k(
                 [r.cfg for r in self.rows if not r.prefilling],
@@ -212,21 +227,38 @@ class Batch:
         out = [(r, events[id(r)]) for r in self.rows if events[id(r)]]
         for row in [r for r in self.rows if r.finished]:
             self._leave(row)
+        self._last = None
+        if plans and self.rows and not prefilled:  # the next step follows at once
+            self._last = _StepMark(started, len(plans), any(k for _, k in ks), self._forward_s)
         return out
+
+    def _observe_overhead(self, now: float) -> None:
+        """The previous decoding step's time outside its forwards, to the start of this one:
+        its planning and settling, and whatever its caller did with its events (a gateway's
+        worker hands them to the event loop and waits for the interpreter lock, and steps
+        the batches of its other targets, if it serves several). Steps that
+        prefilled are left out: that is a prompt's cost, not a decoding step's."""
+        last = self._last
+        if last is None:
+            return
+        outside = now - last.started - last.forward_s
+        costs = self.costs.setdefault(id(self.target), ForwardCosts())
+        costs.observe_overhead(last.rows, last.drafted, outside)
 
     # -- the steps ------------------------------------------------------------------------
 
-    def _prefill(self) -> None:
+    def _prefill(self) -> bool:
         """1. The oldest prefilling rows feed their next chunks (at most `prefill_chunk`
         tokens a row) in one forward, within a budget of `prefill_budget` tokens (rows x
         longest chunk, padding included): arrivals that come together prefill together,
         where the matrix products are more efficient per token. A row joins the oldest
         one's forward only if its prompt is as far along, within one chunk: the forward
         attends every row over the longest row's keys, and a fresh arrival beside a
-        long prompt's late chunk would attend over thousands of masked ones."""
+        long prompt's late chunk would attend over thousands of masked ones. Returns
+        whether anything was prefilled."""
         waiting = [r for r in self.rows if r.prefilling and not r.finished]
         if not waiting:
-            return
+            return False
         group: list[tuple[Row, list[int]]] = []
         width = 0  # the first row's chunk: the others feed at most as many tokens
         for row in waiting:
@@ -258,8 +290,10 @@ class Batch:
         for key, items in drafts.items():
             self.drafts[key].prefill(items)
         spent = time.perf_counter() - t0
+        self._forward_s += spent
         for row, _ in group:
             row.cfg.stats.prefill_s += spent
+        return True
 
     def _plan(
         self, ks: list[tuple[Row, int]], events: dict[int, list[Event]]
@@ -286,7 +320,7 @@ class Batch:
             t0 = time.perf_counter()
             asks = [(row.cfg.proposer, row.ctx, k_of[id(row)]) for row in rows]
             db = self.drafts[key]
-            before = db.forwards
+            before, forward_s = db.forwards, db.forward_s
             try:
                 got = db.propose(asks)  # type: ignore[arg-type]
             except Exception as exc:  # a failed shared draft ends the rows that drafted
@@ -295,6 +329,7 @@ class Batch:
                 continue
             spent = time.perf_counter() - t0
             self.draft_forwards += db.forwards - before
+            self._forward_s += db.forward_s - forward_s
             for row, proposal in zip(rows, got, strict=True):
                 row.times.draft_s += spent
                 if isinstance(proposal, Exception):
@@ -328,6 +363,7 @@ class Batch:
             decoder=self.target.decoder,
         )  # fmt: skip  [(n_r + 1, V)]
         spent = time.perf_counter() - t0
+        self._forward_s += spent
         self.forwards += 1
         target_costs = self.costs.setdefault(id(self.target), ForwardCosts())
         target_costs.observe(len(plans), max(len(f) for f in feeds), spent)

@@ -4,6 +4,7 @@ one k per step the batch picks from them (batch/kchoice.py)."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -147,3 +148,82 @@ def test_now_and_then_a_step_runs_a_neighbouring_k_so_a_noisy_probe_is_corrected
     for _ in range(30):  # the real cost of the shape, observed whenever a step runs it
         costs.observe(1, 1 + clean, 1.0 + 0.1 * clean)
     assert choose_batch_k([row], costs, drafts) == clean
+
+
+def test_a_steps_overhead_counts_in_every_step_cost(llama_lm, draft_lm) -> None:
+    """What a step spends outside its forwards is paid once a step, so it favours steps
+    that emit more tokens: with a forward token costing a whole step, speculation loses
+    on forwards alone and wins once each step also costs two forwards of overhead."""
+    engine = Engine(llama_lm)
+    rows = [spec(engine, draft_lm) for _ in range(4)]
+    drafts = {id(draft_lm): (draft_lm, ForwardCosts({(4, 1): 0.05}))}
+    costs = table({4: 1.0})
+    assert choose_batch_k(rows, costs, drafts) == 0
+    costs.observe_overhead(4, False, 2.0)
+    costs.observe_overhead(4, True, 2.0)
+    assert choose_batch_k(rows, costs, drafts) > 0
+    # a drafting step's own overhead is what a drafting step pays
+    costs.observe_overhead(4, True, 40.0)  # weighted into its mean: 9.6
+    assert choose_batch_k(rows, costs, drafts) == 0
+
+
+def test_overhead_is_read_at_the_bucket_and_joins_the_verify_costs() -> None:
+    costs = table({1: 0.5, 4: 0.5})
+    assert costs.overhead(4, True) == 0.0  # nothing measured: the forwards alone
+    assert costs.verify_costs(1, 2) == pytest.approx((1.0, 1.5, 2.0))
+    costs.observe_overhead(1, False, 1.0)
+    costs.observe_overhead(1, True, 1.5)
+    costs.observe_overhead(1, True, 1.5 - 5.0)  # a negative sample counts as none
+    assert costs.overheads[(1, True)] == pytest.approx(1.2)
+    assert costs.overhead(1, True) == pytest.approx(1.2)
+    assert costs.overhead(4, False) == pytest.approx(1.0)  # the nearest smaller bucket
+    costs.observe_overhead(3, True, 3.0)
+    assert costs.overhead(4, False) == pytest.approx(3.0)  # its bucket, the other kind
+    assert costs.overhead(2, False) == pytest.approx(1.0)
+    assert costs.standard_step(1) == pytest.approx(2.0)  # T(1, 1) + overhead
+    # v(k): (T(1, k + 1) + a drafting step's overhead) / a standard step
+    assert costs.verify_costs(1, 2) == pytest.approx((1.0, 1.35, 1.6))
+
+
+def test_the_draft_cost_ratio_is_taken_against_a_whole_standard_step(llama_lm, draft_lm):
+    engine = Engine(llama_lm)
+    engine.costs[id(llama_lm)] = table({1: 0.5})
+    engine.costs[id(draft_lm)] = ForwardCosts({(1, 1): 0.2})
+    assert engine.cost_at(1, 2, draft_lm).draft_c == pytest.approx(0.2)
+    engine.costs[id(llama_lm)].observe_overhead(1, False, 1.0)
+    cost = engine.cost_at(1, 2, draft_lm)
+    assert cost.draft_c == pytest.approx(0.1)
+    # (1.5 + 1) / 2 and (2 + 1) / 2: a drafting step's overhead, unmeasured, is a standard one's
+    assert cost.verify == pytest.approx((1.0, 1.25, 1.5))
+
+
+def test_a_batch_measures_its_steps_outside_the_forwards(llama_lm, draft_lm) -> None:
+    """The time from one decoding step to the next, less the forwards, is observed by row
+    bucket and by whether the step drafted; a step that prefilled is not observed."""
+    engine = Engine(llama_lm)
+    batch = engine.batch(4)
+    sp = greedy(12)
+    batch.add(engine.prepare(DecodeRequest(PROMPTS[0], sp)))
+    batch.add(
+        engine.prepare(
+            DecodeRequest(PROMPTS[2], sp, mode="speculative", proposer="draft", k_min=2, k_max=2),
+            draft_lm,
+        )
+    )
+    costs = engine.costs.setdefault(id(llama_lm), ForwardCosts())
+    while any(r.prefilling for r in batch.rows):
+        batch.step()  # prefills (in chunks of the shorter prompt's length): not observed
+        time.sleep(0.05)
+    batch.step()
+    assert costs.overheads == {}
+    time.sleep(0.05)  # after a decoding step in which a row drafted
+    batch.step()
+    assert set(costs.overheads) == {(2, True)}
+    assert 0.05 <= costs.overheads[(2, True)] < 0.05 + 0.5  # the sleep, not the forwards
+    while batch.rows:
+        batch.step()
+    time.sleep(0.05)  # the batch ran empty: the next arrival's first step starts afresh
+    batch.add(engine.prepare(DecodeRequest(PROMPTS[1], sp)))
+    before = dict(costs.overheads)
+    batch.step()
+    assert costs.overheads == before

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.engine.stats import DecodeStats
 from policies import HistoryEntry, best_k, expected_speedup, expected_tokens, update_history
 from policies.costmodel import alpha_from_half_life
 
@@ -76,6 +79,35 @@ def test_update_history_nothing_drafted_is_no_acceptance_evidence() -> None:
     old = HistoryEntry(acceptance=0.5, c=0.1, samples=4)
     assert update_history(old, 0, 0, None, 0.5) == old
     assert update_history(None, 0, 0, 0.1, 0.5).samples == 0
+
+
+def test_history_acceptance_is_the_per_token_rate_the_cost_model_assumes() -> None:
+    """Drafts of 4 whose tokens the target accepts with probability 0.8 each until the
+    first rejection: accepted / drafted reads about 0.59, and E(0.59, 4) would predict 2.6
+    tokens a step against the 3.4 served. accepted / (accepted + rejecting steps) reads
+    the 0.8 back, and E of it is what a step emits."""
+    rng = random.Random(7)
+    stats = DecodeStats()
+    emitted = []
+    for _ in range(4000):
+        m = 0
+        while m < 4 and rng.random() < 0.8:
+            m += 1
+        stats.record_verify(4, m)
+        emitted.append(m + 1)
+    assert stats.acceptance_rate == pytest.approx(0.59, abs=0.02)
+    assert stats.token_acceptance == pytest.approx(0.8, abs=0.015)
+    entry = update_history(None, stats.drafted, stats.accepted, None, 0.5, stats.rejected_steps)
+    assert entry.acceptance == pytest.approx(stats.token_acceptance)
+    served = sum(emitted) / len(emitted)
+    assert expected_tokens(entry.acceptance, 4) == pytest.approx(served, rel=0.03)
+    assert expected_tokens(stats.acceptance_rate, 4) < 0.8 * served
+    old = HistoryEntry(acceptance=0.5, c=0.1, samples=4)
+    new = update_history(old, drafted=10, accepted=6, c=None, alpha=0.5, rejections=2)
+    assert new.acceptance == pytest.approx(0.5 * 0.5 + 0.5 * 0.75)
+    assert update_history(old, 0, 0, None, 0.5, rejections=0) == old  # no evidence
+    with pytest.raises(ValueError):
+        update_history(old, 10, 6, None, 0.5, rejections=5)  # more than 4 were rejected
 
 
 @pytest.mark.parametrize(
