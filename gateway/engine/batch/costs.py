@@ -76,11 +76,11 @@ class ForwardCosts:
         bucket (else the nearest smaller one), a drafting step's else a standard one's and
         the other way round; 0 before any step was measured."""
         b = row_bucket(rows)
-        below = sorted({rb for rb, _ in self.overheads if rb <= b}, reverse=True)
-        for rb in below:
+        measured = dict(self.overheads)  # one copy: the inference thread adds keys
+        for rb in sorted({rb for rb, _ in measured if rb <= b}, reverse=True):
             for key in ((rb, drafted), (rb, not drafted)):
-                if key in self.overheads:
-                    return self.overheads[key]
+                if key in measured:
+                    return measured[key]
         return 0.0
 
     def seconds(self, rows: int, tokens: int) -> float | None:
@@ -93,11 +93,12 @@ class ForwardCosts:
         """`seconds(rows, t)` for t = 1..max_tokens (index t - 1), the measured points read
         once; None when nothing of this row bucket (or a smaller one) was measured."""
         b = row_bucket(rows)
-        below = [rb for rb, _ in self.means if rb <= b]
+        means = dict(self.means)  # one copy: the inference thread adds shapes as it runs them
+        below = [rb for rb, _ in means if rb <= b]
         if not below:
             return None
         rb = max(below)  # the bucket itself, else the nearest smaller one measured
-        points = _non_decreasing(sorted((t, s) for (r, t), s in self.means.items() if r == rb))
+        points = _non_decreasing(sorted((t, s) for (r, t), s in means.items() if r == rb))
         return [_interpolate(points, t) for t in range(1, max_tokens + 1)]
 
     def standard_step(self, rows: int) -> float | None:
