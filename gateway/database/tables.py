@@ -305,7 +305,8 @@ class AcceptanceStatsRow(Base):
     draft_version: Mapped[str] = mapped_column(String(64), primary_key=True)
     """Draft version ('' for proposers without one)."""
     ewma_acceptance: Mapped[float] = mapped_column(Float)
-    """EWMA of accepted / drafted."""
+    """EWMA of each request's per-token acceptance, accepted / (accepted + verify steps that
+    rejected a drafted token); accepted / drafted before 2026-12-06 (policies/README.md)."""
     ewma_c: Mapped[float] = mapped_column(Float)
     """EWMA of draft-step cost / target-step cost."""
     samples: Mapped[int] = mapped_column(Integer)
