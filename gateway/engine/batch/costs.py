@@ -44,6 +44,7 @@ from gateway.engine.batch.slots import SlotCache
 from gateway.engine.models import LoadedModel, cache_kwarg
 
 WEIGHT = 0.2  # EWMA weight of a new observation
+OVERHEAD_CAP = 4.0  # a step's overhead sample counts at most this many times the mean
 PROBE_TOKENS = (1, 2, 3, 5, 9)  # tokens per row probed: k = 0, 1, 2, 4, 8
 PROBE_CONTEXT = 128  # cached tokens per row during the probe
 
@@ -68,8 +69,14 @@ class ForwardCosts:
         _ewma(self.means, (row_bucket(rows), tokens), seconds)
 
     def observe_overhead(self, rows: int, drafted: bool, seconds: float) -> None:
-        """One decoding step of `rows` rows spent `seconds` outside its forwards."""
-        _ewma(self.overheads, (row_bucket(rows), drafted), max(0.0, seconds))
+        """One decoding step of `rows` rows spent `seconds` outside its forwards. A sample
+        counts at most OVERHEAD_CAP times the mean so far: between two steps the worker
+        may also admit arrivals or run an admin call (a model load takes seconds), which
+        is not what a step costs."""
+        key = (row_bucket(rows), drafted)
+        old = self.overheads.get(key)
+        cap = float("inf") if old is None else OVERHEAD_CAP * old
+        _ewma(self.overheads, key, min(max(0.0, seconds), cap))
 
     def overhead(self, rows: int, drafted: bool) -> float:
         """Seconds a step of `rows` rows spends outside its forwards: measured at the row

@@ -163,7 +163,7 @@ def test_a_steps_overhead_counts_in_every_step_cost(llama_lm, draft_lm) -> None:
     costs.observe_overhead(4, True, 2.0)
     assert choose_batch_k(rows, costs, drafts) > 0
     # a drafting step's own overhead is what a drafting step pays
-    costs.observe_overhead(4, True, 40.0)  # weighted into its mean: 9.6
+    costs.overheads[(4, True)] = 9.6
     assert choose_batch_k(rows, costs, drafts) == 0
 
 
@@ -175,6 +175,10 @@ def test_overhead_is_read_at_the_bucket_and_joins_the_verify_costs() -> None:
     costs.observe_overhead(1, True, 1.5)
     costs.observe_overhead(1, True, 1.5 - 5.0)  # a negative sample counts as none
     assert costs.overheads[(1, True)] == pytest.approx(1.2)
+    costs.observe_overhead(1, False, 1.0)
+    costs.observe_overhead(1, False, 30.0)  # an admin call between two steps: capped at 4x
+    assert costs.overheads[(1, False)] == pytest.approx(0.8 * 1.0 + 0.2 * 4.0)
+    costs.overheads[(1, False)] = 1.0  # back to 1.0 for what follows
     assert costs.overhead(1, True) == pytest.approx(1.2)
     assert costs.overhead(4, False) == pytest.approx(1.0)  # the nearest smaller bucket
     costs.observe_overhead(3, True, 3.0)
