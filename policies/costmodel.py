@@ -56,18 +56,16 @@ def update_history(
         raise ValueError(f"cost ratio c must be finite and >= 0, got {c}")
     if rejections is not None and not 0 <= rejections <= drafted - accepted:
         raise ValueError(f"need 0 <= rejections <= drafted - accepted, got rejections={rejections}")
-    tried = drafted if rejections is None else accepted + rejections
-    if tried == 0:
-        drafted = 0  # nothing was decided: no evidence
+    tried = drafted if rejections is None else accepted + rejections  # 0: no evidence
 
     if entry is None:
         new_c = 0.0 if c is None else c
-        if drafted == 0:
+        if tried == 0:
             return HistoryEntry(acceptance=0.0, c=new_c, samples=0)
         return HistoryEntry(acceptance=accepted / tried, c=new_c, samples=1)
 
     new_c = entry.c if c is None else ewma(entry.c, c, alpha)
-    if drafted == 0:
+    if tried == 0:
         return HistoryEntry(acceptance=entry.acceptance, c=new_c, samples=entry.samples)
     observed = accepted / tried
     acceptance = observed if entry.samples == 0 else ewma(entry.acceptance, observed, alpha)

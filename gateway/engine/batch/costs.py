@@ -117,8 +117,10 @@ class ForwardCosts:
         """v(k) for k = 0..k_max (v(0) = 1): a step verifying k drafted tokens a row, its
         forward T(rows, k + 1) and a drafting step's overhead, in standard steps."""
         curve = self.curve(rows, k_max + 1)
-        standard = self.standard_step(rows)
-        if curve is None or not standard or standard <= 0:
+        if curve is None:
+            return None
+        standard = curve[0] + self.overhead(rows, False)  # standard_step, curve read once
+        if standard <= 0:
             return None
         spec = self.overhead(rows, True)
         return (1.0, *(max(1.0, (s + spec) / standard) for s in curve[1:]))

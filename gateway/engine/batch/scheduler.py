@@ -242,8 +242,10 @@ class Batch:
         if last is None:
             return
         outside = now - last.started - last.forward_s
-        costs = self.costs.setdefault(id(self.target), ForwardCosts())
-        costs.observe_overhead(last.rows, last.drafted, outside)
+        self._target_costs().observe_overhead(last.rows, last.drafted, outside)
+
+    def _target_costs(self) -> ForwardCosts:
+        return self.costs.setdefault(id(self.target), ForwardCosts())
 
     # -- the steps ------------------------------------------------------------------------
 
@@ -365,8 +367,7 @@ class Batch:
         spent = time.perf_counter() - t0
         self._forward_s += spent
         self.forwards += 1
-        target_costs = self.costs.setdefault(id(self.target), ForwardCosts())
-        target_costs.observe(len(plans), max(len(f) for f in feeds), spent)
+        self._target_costs().observe(len(plans), max(len(f) for f in feeds), spent)
         for (row, plan), z in zip(plans, logits, strict=True):
             row.cfg.stats.batch_steps += 1
             row.cfg.stats.batch_rows += len(plans)
