@@ -490,6 +490,7 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, head: DraftHead | None) -> 
             "gateway.engine.batch.decoder",
             "gateway.engine.batch.forward",
             "gateway.engine.cpu_linear",
+            "gateway.engine.packed_linear",
             "gateway.engine.draft_head",
         )
     ]
