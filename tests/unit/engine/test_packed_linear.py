@@ -52,8 +52,10 @@ def test_a_repointed_weight_is_packed_anew() -> None:
     w, x = weight(seed=1), torch.randn(ROWS_MIN, 64)
     with torch.inference_mode():
         product(x, w)
+        old = packed_linear._key(w)
         w.data = weight(seed=2).data.clone()
         torch.testing.assert_close(product(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
+    assert old not in packed_linear._packs  # the stale pack's memory is not kept
 
 
 def test_a_stale_pack_at_a_reused_address_never_serves() -> None:
