@@ -88,15 +88,17 @@ def packed(w: torch.Tensor) -> torch.Tensor:
 def _sweep() -> None:
     """Drop the packs whose weight now points at other memory (re-pointed; its own pack is
     made anew): they would never serve again. Runs before each new pack (rare: a load)."""
-    for key in [k for k, hit in _packs.items() if (s := hit.source()) is not None and _key(s) != k]:
-        del _packs[key]
+    for key, hit in list(_packs.items()):  # a snapshot: a weight may die meanwhile (_drop)
+        source = hit.source()
+        if source is not None and _key(source) != key:
+            _packs.pop(key, None)
 
 
 def _drop(key: _Key, _dead: object = None) -> None:
     """A weight died (weakref callback): its pack goes, unless a new one took the key."""
     hit = _packs.get(key)
     if hit is not None and hit.source() is None:
-        del _packs[key]
+        _packs.pop(key, None)
 
 
 def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from gateway.engine import DecodeResult, Engine, LoadedModel, load_model
+from gateway.engine import DecodeResult, Engine, LoadedModel, load_model, packed_linear
 from gateway.engine.compiled import FASTER, CompiledForwards, compiled_model, faster_kinds
 from gateway.engine.models import cache_kwarg, wrap_model
 
@@ -27,10 +27,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("arch", ["llama"])
-def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(model_dirs, arch) -> None:
-    target = load_model(model_dirs[arch], device="cpu", cpu_linear=False)
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+@pytest.mark.parametrize(("arch", "weight_major"), [("llama", False), ("llama", True)])
+def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(
+    model_dirs, arch, weight_major
+) -> None:
+    """With the weight-major linear too: its several-row products are then the packed op
+    (packed_linear.py), which must find each weight's pack and not pack it again."""
+    target = load_model(model_dirs[arch], device="cpu", cpu_linear=weight_major)
+    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=weight_major)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
 
     graphs = counters["stats"]["unique_graphs"]
@@ -48,6 +52,12 @@ def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(model_dirs, arch)
     # the batch, whatever its lengths and row counts, compiled nothing more
     assert 0 < warm - graphs <= 8
     assert counters["stats"]["unique_graphs"] == warm
+    packs = packed_linear.packs_made
+    again = run_batch(engine, mixed_jobs(engine, fast_draft))
+    assert [r.token_ids for r in again] == [r.token_ids for r in got]
+    assert packed_linear.packs_made == packs  # every pack found again, none made per call
+    if weight_major and packed_linear.AVAILABLE:
+        assert packs > 0
 
 
 def test_a_compiled_draft_runs_its_reduced_head_in_its_step_and_drafts_what_eager_drafts(
