@@ -16,7 +16,7 @@ are the ones torch would pick.
 
 From packed_linear.ROWS_MIN rows on (a verify step of k >= 3, a batch's step, a prefill
 chunk), the product runs on oneDNN with the weight packed once instead (packed_linear.py:
-up to 2x cheaper at 8-40 rows, and a row rounds the same among any number of others).
+up to 2x cheaper at 8-40 rows, and a row rounds the same alone and among up to 128).
 
 Traced by torch.compile (engine/compiled.py), one row is multiplied by W and summed along
 the input instead (a reduction inductor generates and fuses, with no library call and no
@@ -224,7 +224,10 @@ def _measure(model: Any, linears: list[nn.Linear], kwarg: str) -> bool:
                     timings[weight_major].append(t)
         for m in linears:  # as found: torch's forward (the caller patches if it pays)
             m.__dict__.pop("forward", None)
-    return statistics.median(timings[True]) <= MARGIN * statistics.median(timings[False])
+    pays = statistics.median(timings[True]) <= MARGIN * statistics.median(timings[False])
+    if not pays:  # torch's forward from now on: the packs the timing made would never serve
+        packed_linear.forget([m.weight for m in linears])
+    return pays
 
 
 def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

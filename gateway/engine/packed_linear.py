@@ -11,7 +11,7 @@ against packed oneDNN): the demo target's 8192 x 256 output head, 5 rows 392 aga
 rows 87 against 42. Fewer than ROWS_MIN rows keep W @ x^T (see ROWS_MIN).
 
 Exactness: oneDNN's sums run in the same order whatever the row count (a row's result
-bitwise equal alone and among up to 40 rows, on every demo shape), where MKL's W @ x^T
+bitwise equal alone and among up to 128 rows, on every demo shape), where MKL's W @ x^T
 rounds a row differently from 5 rows on. Both round differently from torch's x @ W^T
 (~1e-7 relative), in standard and speculative decoding alike; a greedy choice can part
 between a one-row step and a verify step only at a near tie, as before.
@@ -19,11 +19,14 @@ between a one-row step and a verify step only at a near tie, as before.
 Lifetime: a packed copy is kept per weight (data pointer, shape, strides), with a weak
 reference to the tensor it was made from; it is dropped when that tensor dies and not
 used once the tensor points at other memory (`Joined` re-points a layer's projections).
-A live weight's memory cannot belong to another tensor, so a hit is that weight's values;
-weights are never written in place here (a load makes new tensors); a stale pack is
-dropped when the next weight is packed. The copies take the linear weights' memory again,
-and a compiled model's joined projections are packed as well: the demo target's 49 MB of
-linear weights (its head included) have 78 MB of packs, the demo pair and draft v1 102 MB.
+A tensor with a live weight's key reads that weight's memory (the weight itself, or a view
+of the same span: a joined projection's part), so a hit has its values as long as weights
+are never written in place, which nothing here does (a load makes new tensors; caches and
+outputs are what is written). A stale pack is dropped when the next weight is packed, and
+a model whose layers keep torch's forward keeps none (cpu_linear `forget`s them). The
+copies take the linear weights' memory again, and a compiled model's joined projections
+are packed as well: the demo target's 49 MB of linear weights (its head included) have
+78 MB of packs, the demo pair and draft v1 102 MB.
 
 In a compiled step the product is the custom op `gateway::linear_rows` (inductor calls it
 as an extern kernel; it finds its pack by the weight it is given, and picks its form by
@@ -76,7 +79,7 @@ def packed(w: torch.Tensor) -> torch.Tensor:
     hit = _packs.get(key)
     if hit is not None:
         source = hit.source()
-        if source is not None and _key(source) == key:
+        if source is w or (source is not None and _key(source) == key):
             return hit.packed
     _sweep()
     pack = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous())
@@ -94,8 +97,18 @@ def _sweep() -> None:
             _packs.pop(key, None)
 
 
+def forget(weights: list[torch.Tensor]) -> None:
+    """Drop the packs made from `weights` (their layers went back to torch's forward)."""
+    gone = {id(w) for w in weights}
+    for key, hit in list(_packs.items()):
+        if id(hit.source()) in gone:
+            _packs.pop(key, None)
+
+
 def _drop(key: _Key, _dead: object = None) -> None:
     """A weight died (weakref callback): its pack goes, unless a new one took the key."""
+    if _packs is None:  # type: ignore[comparison-overlap]  # interpreter shutdown
+        return
     hit = _packs.get(key)
     if hit is not None and hit.source() is None:
         _packs.pop(key, None)

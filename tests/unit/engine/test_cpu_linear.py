@@ -149,6 +149,22 @@ def test_the_measurement_compares_both_forms_on_the_models_shapes(model_dirs, mo
     assert calls == {"torch": 0, "ours": 0}
 
 
+@pytest.mark.parametrize("pays", [True, False])
+def test_a_measurement_that_keeps_torchs_forward_keeps_no_packs(model_dirs, monkeypatch, pays):
+    """The timing's verify steps pack the weights (packed_linear.py); where torch's forward
+    wins, those packs would never serve, so they go."""
+    from gateway.engine import packed_linear
+
+    monkeypatch.setattr(cpu_linear, "_verdicts", {})
+    monkeypatch.setattr(cpu_linear, "_verdict_file", None)
+    monkeypatch.setattr(cpu_linear, "MARGIN", 1e9 if pays else 0.0)  # the verdict, forced
+    off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    assert cpu_linear.weight_major_pays(off.model, cache_kwarg(off.model)) is pays
+    weights = {id(m.weight) for m in off.model.modules() if type(m) is nn.Linear}
+    kept = [h for h in packed_linear._packs.values() if id(h.source()) in weights]
+    assert bool(kept) == (pays and packed_linear.AVAILABLE)
+
+
 def test_load_model_patches_when_told_and_can_opt_out(model_dirs) -> None:
     on = load_model(model_dirs["llama"], device="cpu", cpu_linear=True)
     off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)

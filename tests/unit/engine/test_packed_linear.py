@@ -31,10 +31,10 @@ def test_equals_the_product_up_to_rounding(rows: int) -> None:
 
 def test_a_row_rounds_alike_alone_and_among_others_from_rows_min() -> None:
     """What makes a verify step's positions round as a standard step's of as many rows."""
-    w, x = weight(8192, 256), torch.randn(40, 256)
+    w, x = weight(8192, 256), torch.randn(128, 256)
     with torch.inference_mode():
         alone = product(x[:ROWS_MIN], w)
-        for rows in (ROWS_MIN + 1, 9, 16, 40):
+        for rows in (ROWS_MIN + 1, 9, 16, 40, 128):
             assert torch.equal(product(x[:rows], w)[:ROWS_MIN], alone), rows
 
 
@@ -56,6 +56,15 @@ def test_a_repointed_weight_is_packed_anew() -> None:
         w.data = weight(seed=2).data.clone()
         torch.testing.assert_close(product(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
     assert old not in packed_linear._packs  # the stale pack's memory is not kept
+
+
+def test_forgotten_weights_keep_no_pack() -> None:
+    kept, dropped, x = weight(seed=5), weight(seed=6), torch.randn(ROWS_MIN, 64)
+    with torch.inference_mode():
+        product(x, kept), product(x, dropped)
+    packed_linear.forget([dropped])
+    assert packed_linear._key(kept) in packed_linear._packs
+    assert packed_linear._key(dropped) not in packed_linear._packs
 
 
 def test_a_stale_pack_at_a_reused_address_never_serves() -> None:
@@ -97,5 +106,6 @@ def test_the_compiled_op_equals_eager_and_reuses_the_pack() -> None:
         before = packed_linear.packs_made
         got = step(x)
         assert torch.equal(got, expected)
-        assert step(torch.randn(9, 64)).shape == (9, 96)
+        x9 = torch.randn(9, 64)
+        assert torch.equal(step(x9), product(x9 * 2, w).relu())
     assert packed_linear.packs_made == before  # the eager call's pack, found by the weight
