@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -91,17 +92,19 @@ def packed(w: torch.Tensor) -> torch.Tensor:
 def _sweep() -> None:
     """Drop the packs whose weight now points at other memory (re-pointed; its own pack is
     made anew): they would never serve again. Runs before each new pack (rare: a load)."""
-    for key, hit in list(_packs.items()):  # a snapshot: a weight may die meanwhile (_drop)
-        source = hit.source()
-        if source is not None and _key(source) != key:
-            _packs.pop(key, None)
+    _discard(lambda source, key: source is not None and _key(source) != key)
 
 
 def forget(weights: list[torch.Tensor]) -> None:
     """Drop the packs made from `weights` (their layers went back to torch's forward)."""
     gone = {id(w) for w in weights}
-    for key, hit in list(_packs.items()):
-        if id(hit.source()) in gone:
+    _discard(lambda source, key: source is not None and id(source) in gone)
+
+
+def _discard(stale: Callable[[torch.Tensor | None, _Key], bool]) -> None:
+    """Drop every pack `stale(its live weight or None, its key)` says so of."""
+    for key, hit in list(_packs.items()):  # a snapshot: a weight may die meanwhile (_drop)
+        if stale(hit.source(), key):
             _packs.pop(key, None)
 
 
