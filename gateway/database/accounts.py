@@ -157,8 +157,7 @@ class AccountsMixin(StoreBase):
         """The key a presented secret belongs to (revoked ones too: check ``revoked``)."""
         cols = ("id", "tenant_id", "role", "revoked_at", "principal", "expires_at", "last_used_at")
         stmt = select(*(KEYS.c[c] for c in cols)).where(KEYS.c.key_hash == hash_key(plaintext))
-        async with self._read() as conn:
-            row = (await conn.execute(stmt)).first()
+        row = await self._query(lambda conn: conn.execute(stmt).first())
         if row is None:
             return None
         return KeyInfo(

@@ -37,8 +37,8 @@ class HistoryMixin(StoreBase):
             "samples": int(samples),
             "updated_at": utcnow(),
         }
-        async with self._write() as conn:
-            await self._upsert(conn, ACCEPTANCE, values, ["tenant_id", "proposer", "draft_version"])
+        stmt = self._upsert_stmt(ACCEPTANCE, values, ["tenant_id", "proposer", "draft_version"])
+        await self._transact(lambda conn: conn.execute(stmt))
 
     async def get_acceptance(
         self, tenant_id: str, proposer: str, draft_version: str

@@ -42,4 +42,4 @@ class Database(AuditMixin, QueryMixin, OperatorsMixin, RolloutsMixin, HistoryMix
         return cls(make_engine(url))
 
     async def close(self) -> None:
-        await self._engine.dispose()
+        await self._dispose()

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, insert, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.database.audit.chain import EVENT_FIELDS, RECORD_FIELDS, ChainWalker, link
@@ -19,7 +20,7 @@ from gateway.database.audit.types import (
     RequestRecord,
     sha256_text,
 )
-from gateway.database.base import RECORDS_LOCK, StoreBase, utcnow
+from gateway.database.base import RECORDS_LOCK, StoreBase, chain_head, utcnow
 from gateway.database.tables import EVENTS, PAYLOADS, RECORDS
 
 _VERIFY_PAGE = 2000
@@ -49,6 +50,31 @@ def record_row(record: RequestRecord, payload: Payload | None, now: datetime) ->
     return row
 
 
+def _append(conn: Connection, rows: list[dict[str, Any]], texts: list[Payload | None]) -> list[int]:
+    """`rows` linked onto the records' chain and inserted, with their payload texts, in the
+    caller's write transaction; their ids."""
+    prev = chain_head(conn, RECORDS.c.id, RECORDS.c.record_hash)
+    for row in rows:
+        row["prev_hash"] = prev
+        row["record_hash"] = prev = link(row, RECORD_FIELDS, prev)
+    stmt = insert(RECORDS).returning(RECORDS.c.id, sort_by_parameter_order=True)
+    ids = [int(r[0]) for r in conn.execute(stmt, rows)]
+    payloads = [
+        {
+            "record_id": rid,
+            "prompt": p.prompt,
+            "completion": p.completion,
+            "retention_days": p.retention_days,
+            "expires_at": row["created_at"] + timedelta(days=p.retention_days),
+        }
+        for rid, row, p in zip(ids, rows, texts, strict=True)
+        if p is not None
+    ]
+    if payloads:
+        conn.execute(insert(PAYLOADS), payloads)
+    return ids
+
+
 class AuditMixin(StoreBase):
     """Appends, verification and purge of the audit chain (part of Database)."""
 
@@ -61,31 +87,11 @@ class AuditMixin(StoreBase):
             return []
         now = utcnow()
         rows = [record_row(r, p, now) for r, p in records]
+        texts = [p for _, p in records]
         try:
-            async with self._write() as conn:
-                await self._chain_lock(conn, RECORDS_LOCK)
-                prev = await self._head(conn, RECORDS.c.id, RECORDS.c.record_hash)
-                for row in rows:
-                    row["prev_hash"] = prev
-                    row["record_hash"] = prev = link(row, RECORD_FIELDS, prev)
-                stmt = insert(RECORDS).returning(RECORDS.c.id, sort_by_parameter_order=True)
-                ids = [int(r[0]) for r in await conn.execute(stmt, rows)]
-                payloads = [
-                    {
-                        "record_id": rid,
-                        "prompt": p.prompt,
-                        "completion": p.completion,
-                        "retention_days": p.retention_days,
-                        "expires_at": row["created_at"] + timedelta(days=p.retention_days),
-                    }
-                    for rid, row, (_, p) in zip(ids, rows, records, strict=True)
-                    if p is not None
-                ]
-                if payloads:
-                    await conn.execute(insert(PAYLOADS), payloads)
+            return await self._transact(lambda conn: _append(conn, rows, texts), RECORDS_LOCK)
         except (SQLAlchemyError, OSError) as exc:
             raise AuditUnavailable(f"audit append failed: {exc}") from exc
-        return ids
 
     async def append_admin(self, event: AdminEvent) -> int:
         """Append one admin event to its own chain; durable on return."""
