@@ -50,8 +50,9 @@ class Settings:
     prefill_chunk: int = 128
     """Prompt tokens one batch step prefills at most for one row: a long prompt enters the
     batch over several steps, so the rows already decoding wait one chunk per step, not a
-    whole prompt. Smaller: steadier inter-token latency for the others, a longer time to
-    first token for the arrival. At least 1."""
+    whole prompt. A row prefilling alone takes a rest of up to a quarter chunk with its
+    last chunk (a forward of its own would cost more). Smaller: steadier inter-token
+    latency for the others, a longer time to first token for the arrival. At least 1."""
     prefill_budget: int = 512
     """Prompt tokens one batch step prefills at most for all rows together (rows x longest
     chunk, padding included; at least prefill_chunk): arrivals that come together prefill

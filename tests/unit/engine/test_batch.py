@@ -223,6 +223,22 @@ def test_a_long_prompt_is_prefilled_in_chunks(llama_lm) -> None:
         engine.batch(2, prefill_chunk=0)
 
 
+@pytest.mark.parametrize(("fed", "steps"), [(20, 1), (21, 2), (36, 2), (37, 3)])
+def test_a_lone_rows_short_rest_joins_its_last_chunk(llama_lm, fed, steps) -> None:
+    """A row prefilling alone takes a rest of up to a quarter chunk (4 of 16) with its
+    chunk instead of a forward of its own, and decodes the same."""
+    engine = Engine(llama_lm)
+    prompt = tuple((i * 7) % 200 + 3 for i in range(fed + 1))  # all but the last token fed
+    batch = engine.batch(2, prefill_chunk=16)
+    row = batch.add(engine.prepare(DecodeRequest(prompt, greedy(4))))
+    for _ in range(steps):
+        assert row.prefilling
+        batch.step()
+    assert not row.prefilling and row.prefilled == fed
+    results = run_batch(engine, [Job(0, DecodeRequest(prompt, greedy(4)))])
+    assert results[0].token_ids == engine.run(DecodeRequest(prompt, greedy(4))).token_ids
+
+
 @pytest.mark.parametrize(("budget", "prefilled"), [(64, 4), (32, 2), (16, 1)])
 def test_arrivals_prefill_together_within_the_budget(llama_lm, budget, prefilled) -> None:
     """Rows arriving together feed their chunks in one prefill forward, as many as fit the
