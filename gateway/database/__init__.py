@@ -28,6 +28,7 @@ Public API (the service layer codes against these names)::
     touch_key(key_id, last_used_at)
     # acceptance history (gateway.database.history); models, rollouts (gateway.database.rollouts)
     put_acceptance(tenant_id, proposer, draft_version, *, ewma_acceptance, ewma_c, samples)
+    put_acceptances([(tenant_id, proposer, draft_version, acceptance, c, samples), ...])
     get_acceptance(tenant_id, proposer, draft_version) / list_acceptance(tenant_id=None)
     register_model(name, version, *, role, path, sha256, target, status, actor)
     get_model(name, version) / list_models(name, role) / set_model_status(name, version, status)

@@ -236,6 +236,7 @@ class PolicyService:
             return
         proposer = d.proposer
         version = d.draft_version or ""
+        rows = []
         for tenant in (d.tenant_id, GLOBAL):
             key = (tenant, proposer, version)
             entry = update_history(
@@ -243,14 +244,8 @@ class PolicyService:
                 rejections=stats.rejected_steps,
             )  # fmt: skip
             self.history[key] = entry
-            await self.store.put_acceptance(
-                tenant,
-                proposer,
-                version,
-                ewma_acceptance=entry.acceptance,
-                ewma_c=entry.c,
-                samples=entry.samples,
-            )
+            rows.append((tenant, proposer, version, entry.acceptance, entry.c, entry.samples))
+        await self.store.put_acceptances(rows)
 
     # -- admin ----------------------------------------------------------------------------
 

@@ -73,6 +73,13 @@ async def test_acceptance_history_upserts(store: Database) -> None:
     assert len(await store.list_acceptance()) == 2
     assert [r["proposer"] for r in await store.list_acceptance("acme")] == ["prompt_lookup"]
     assert await store.get_acceptance("acme", "draft", "1") is None
+    # a request's tenant and global rows, upserted in one transaction
+    await store.put_acceptances(
+        [("acme", "draft", "1", 0.7, 0.1, 5), ("*", "draft", "1", 0.65, 0.1, 9)]
+    )
+    rows = [r for r in await store.list_acceptance() if r["proposer"] == "draft"]
+    got = {r["tenant_id"]: (r["ewma_acceptance"], r["samples"]) for r in rows}
+    assert got == {"acme": (0.7, 5), "*": (0.65, 9)}
 
 
 async def test_models_and_rollouts(store: Database) -> None:
