@@ -13,8 +13,9 @@ which halves a cold compile of the demo target.
 
 Which steps: decode and verify steps of the target (each row's logits at every fed
 position) and drafting steps of a draft (the last position's logits, or hidden states for
-a reduced head), up to MAX_TOKENS tokens a row. Prefill chunks run the eager lean decoder:
-they are long matrix products, where overhead is small.
+a reduced head), up to MAX_TOKENS tokens a row; and prefill chunks of up to MAX_PREFILL
+tokens a row, through the same graphs (`CompiledForwards.serves`). A batch's first forward
+(which allocates its slot buffers) and longer chunks run the eager lean decoder.
 
 Shapes: dynamic, so a handful of graphs cover every step: torch specialises sizes of 1,
 so the kinds are one row x one token, one row x several tokens, several rows x one,
@@ -61,7 +62,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.engine.compiled")
 
-MAX_TOKENS = 16  # tokens a row feeds in a compiled step; longer feeds (prefill) run eager
+MAX_TOKENS = 16  # tokens a row feeds in a compiled decode, verify or drafting step
+MAX_PREFILL = 2 * PREFILL_CHUNK
+"""Prompt tokens a row feeds in a prefill chunk the compiled step serves (`serves`); longer
+chunks (a GATEWAY_PREFILL_CHUNK above 256) run eager. The step's shapes are dynamic in the
+tokens, so a chunk is the same graph as a verify step (checked from 2 to MAX_PREFILL
+tokens: no new trace, `tests/unit/engine/test_compiled.py`)."""
 KINDS = frozenset({"1x1", "1xN", "Bx1", "BxN"})
 Later = tuple[frozenset[str], Callable[[], object]]  # (kinds, wait): warm_up's `then`
 FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share of eager's
@@ -125,14 +131,26 @@ class CompiledForwards:
     ) -> bool:
         """Whether this step runs compiled: a step of the use it was built for (logits, of
         the last position with keep_last, through `head` if any), up to MAX_TOKENS tokens a
-        row, and of a kind it serves (`kinds`)."""
-        return (
-            tokens <= MAX_TOKENS
-            and not backbone
-            and keep_last == self.keep_last
-            and head is self.head
-            and kind(rows, tokens) in self.kinds
-        )
+        row, and of a kind it serves (`kinds`); and a prefill chunk (keep_last) of up to
+        MAX_PREFILL tokens a row, a target's too: its verify step returns every position,
+        of which the caller keeps each row's last (`prefills_all`).
+
+        Why prefill chunks: an eager forward's elementwise work (norms, rotary, residuals,
+        activations) cost a third of a chunk's time at the demo sizes; fused, a 1 x 110
+        token prefill of the demo target took 21.6 ms against 24.9 eager, 1 x 40 12.1
+        against 17.9 (Intel Xeon, 2 cores, every position's logits included). Its keys
+        and values round as the compiled step's: outputs may part from the eager gateway's
+        at a near tie, as a compiled verify step's may (`python -m benchmarks
+        engine_compiled` counts partings)."""
+        if backbone or head is not self.head or kind(rows, tokens) not in self.kinds:
+            return False
+        if keep_last and tokens <= MAX_PREFILL:
+            return keep_last == self.keep_last or head is None
+        return keep_last == self.keep_last and tokens <= MAX_TOKENS
+
+    def prefills_all(self, keep_last: bool) -> bool:
+        """Whether a keep_last call runs this step's every-position form (a target's)."""
+        return keep_last and not self.keep_last
 
     def __call__(
         self, inputs: torch.Tensor, span: torch.Tensor, base: torch.Tensor, cache: SlotCache
@@ -384,7 +402,7 @@ def _call_key(args: tuple[torch.Tensor, ...]) -> tuple[Any, ...] | None:
     The guards (torch 2.13, `guard_manager.code_parts`) check the global state (grad and
     inference mode among it); every input's dtype, device, sizes and strides, the slot
     buffers' and the weights' too; and that no two alias. What varies between calls: the
-    rows and tokens (held exactly: at most slots x MAX_TOKENS shapes); the slot base's
+    rows and tokens (held exactly: at most slots x MAX_PREFILL shapes); the slot base's
     size, lo + 2 (held exactly: a contiguous step checks lo + rows <= slots); the key span
     S, which grows a token a step and passes for 2 <= S < the buffers' positions (held as
     S > 1; batched_forward keeps S within a slot's capacity); and the slot buffers, one

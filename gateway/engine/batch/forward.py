@@ -63,7 +63,8 @@ def batched_forward(
     arrange = view and not _ranged(slots)
     if arrange and t > cache.pad:
         compiled = None  # no room in a slot's pad for a filler row (`contiguous_rows`): eager
-    graphs = compiled.graphs if compiled is not None else None
+    every = compiled is not None and compiled.prefills_all(keep_last)  # a target's prefill
+    graphs = compiled.graphs if compiled is not None and not every else None
     if graphs is not None and graphs.serves(b, t, cache):  # padded to a bucket
         out = graphs(cache, slots, tokens, starts, span, keep_last)
         if out is not None:  # None: recording failed, the step runs eager below
@@ -80,6 +81,8 @@ def batched_forward(
         out = compiled(
             inputs.view(6, rows, t), span_keys(span, device), slot_base(lo, device), cache
         )  # fmt: skip  (rows, T or 1, H or V)
+        if every:  # every position came back: each row's last
+            return [out[where[r], n - 1 : n] for r, n in enumerate(lengths)]
         return [out[where[r], : 1 if keep_last else n] for r, n in enumerate(lengths)]
     window, dtype = model_facts(model)
     empty = any(st == 0 and n < t for st, n in zip(starts, lengths, strict=True))

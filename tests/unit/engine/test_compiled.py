@@ -15,12 +15,27 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from gateway.engine import DecodeResult, Engine, LoadedModel, load_model, packed_linear
-from gateway.engine.compiled import FASTER, CompiledForwards, compiled_model, faster_kinds
+from gateway.engine import (
+    DecodeRequest,
+    DecodeResult,
+    Engine,
+    LoadedModel,
+    load_model,
+    packed_linear,
+)
+from gateway.engine.batch.forward import batched_forward
+from gateway.engine.compiled import (
+    FASTER,
+    MAX_PREFILL,
+    MAX_TOKENS,
+    CompiledForwards,
+    compiled_model,
+    faster_kinds,
+)
 from gateway.engine.models import cache_kwarg, wrap_model
 
 from .conftest import llama
-from .test_batch import draft_jobs, drive, mixed_jobs, run_batch
+from .test_batch import Job, draft_jobs, drive, greedy, mixed_jobs, run_batch
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch, "compile"), reason="torch.compile is not available"
@@ -161,8 +176,20 @@ def test_a_step_runs_compiled_only_for_the_kinds_kept() -> None:
     assert not fast.serves(4, 3, keep_last=False, backbone=False, head=None)  # BxN not kept
     assert not fast.serves(1, 3, keep_last=False, backbone=False, head=None)  # 1xN not kept
     assert not fast.serves(1, 1, keep_last=False, backbone=False, head=None)  # 1x1 not kept
-    assert not fast.serves(4, 1, keep_last=True, backbone=False, head=None)  # another use
     assert not fast.serves(4, 1, keep_last=False, backbone=True, head=None)  # hidden states
+    # a prefill chunk (keep_last) on the target's step: every position computed, the
+    # caller keeps each row's last; up to MAX_PREFILL tokens, of a kind kept
+    assert fast.serves(4, 1, keep_last=True, backbone=False, head=None)
+    assert fast.prefills_all(True) and not fast.prefills_all(False)
+    wide = CompiledForwards(lambda *a: None, keep_last=False, kinds=frozenset({"1xN"}))
+    assert wide.serves(1, MAX_PREFILL, keep_last=True, backbone=False, head=None)
+    assert not wide.serves(1, MAX_PREFILL + 1, keep_last=True, backbone=False, head=None)
+    assert not wide.serves(1, MAX_TOKENS + 1, keep_last=False, backbone=False, head=None)
+    # a draft's step (the last position) serves its prefill chunks, never every position
+    draft = CompiledForwards(lambda *a: None, keep_last=True, kinds=frozenset({"1xN"}))
+    assert draft.serves(1, MAX_PREFILL, keep_last=True, backbone=False, head=None)
+    assert not draft.prefills_all(True)
+    assert not draft.serves(1, 3, keep_last=False, backbone=False, head=None)  # another use
     assert faster_kinds({"1xN": 1.01, "Bx1": 0.8, "BxN": FASTER}) == {"Bx1", "BxN"}
 
 
@@ -190,6 +217,70 @@ def test_auto_keeps_the_kinds_it_measured_faster_and_decodes_what_eager_decodes(
     got = run_batch(engine, mixed_jobs(engine, draft))
     for a, b in zip(eager, got, strict=True):
         assert b.token_ids == a.token_ids
+
+
+def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_eager(
+    model_dirs, tmp_path, monkeypatch
+) -> None:
+    """Prompts of 63 and 90 tokens (above the decode steps' MAX_TOKENS), two arriving
+    together and one alone, prefill through the target's precompiled step (every position
+    computed, each row's last kept) and the draft's: no new graph, no call its guards
+    refuse, and the same greedy tokens as eager."""
+    from gateway.engine.compiled import Precompiled
+
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    prompts = [tuple((i * 7 + r) % 200 + 3 for i in range(n)) for r, n in enumerate((41, 90, 63))]
+    spec = {"mode": "speculative", "k_min": 1, "k_max": 4}
+
+    def jobs(d: LoadedModel) -> list[Job]:
+        return [
+            Job(0, DecodeRequest(prompts[0], greedy(6))),
+            Job(2, DecodeRequest(prompts[1], greedy(6), proposer="draft", **spec), d),
+            Job(2, DecodeRequest(prompts[2], greedy(6))),
+            Job(5, DecodeRequest(prompts[2], greedy(6), proposer="draft", **spec), d),
+        ]
+
+    eager = drive(Engine(target).batch(4), Engine(target), jobs(draft))
+    fast_target, _ = compiled_model(target, 4, store=tmp_path)
+    fast_draft, _ = compiled_model(draft, 4, draft=True, store=tmp_path)
+    widths: list[int] = []
+    call = Precompiled.__call__
+
+    def spy(self: Precompiled, *args: torch.Tensor) -> torch.Tensor:
+        widths.append(int(args[0].shape[2]))
+        return call(self, *args)
+
+    monkeypatch.setattr(Precompiled, "__call__", spy)
+    warm = counters["stats"]["unique_graphs"]
+    engine = Engine(fast_target)
+    got = drive(engine.batch(4), engine, jobs(fast_draft))
+    assert [r.token_ids for r in got] == [r.token_ids for r in eager]
+    assert counters["stats"]["unique_graphs"] == warm  # no new graph
+    # (the batch's first forward allocates its cache, eager) the pair's chunk, padded to
+    # the longer, then a lone arrival's beside rows decoding
+    assert {89, 62} <= set(widths)
+    for fast in (fast_target, fast_draft):
+        assert fast.compiled is not None and isinstance(fast.compiled.step, Precompiled)
+        assert not fast.compiled.step.refused
+    # what a prefill returns: each row's last position, as eager's
+    assert fast_target.compiled is not None
+    layers = int(target.model.config.num_hidden_layers)
+    cache = fast_target.compiled.slot_cache(layers, fast_target.context_length)
+    slots, feeds = [cache.take(), cache.take()], [list(prompts[0][:40]), list(prompts[1][:70])]
+    out: dict[bool, list[torch.Tensor]] = {}
+    with torch.inference_mode():
+        for compiled in (False, True):  # eager first: the cache's first forward allocates it
+            cache.length[slots[0]] = cache.length[slots[1]] = 0
+            out[compiled] = batched_forward(
+                target.model, cache_kwarg(target.model), cache, slots, feeds, "cpu",
+                keep_last=True, compiled=fast_target.compiled if compiled else None,
+                decoder=fast_target.decoder,
+            )  # fmt: skip
+    assert widths[-1] == 70
+    for a, b in zip(out[True], out[False], strict=True):
+        assert a.shape == b.shape == (1, target.vocab_size)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("weight_major", [False, True])
