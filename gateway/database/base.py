@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Executable, Table, create_engine, event, insert, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import ResourceClosedError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
@@ -105,6 +106,7 @@ class SqliteThread:
         self._write = write
         name = "gw-sqlite-writer" if write else "gw-sqlite-reader"
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._closed = False
 
     @classmethod
     def for_engine(cls, engine: AsyncEngine, write: bool) -> SqliteThread | None:
@@ -117,16 +119,30 @@ class SqliteThread:
 
     async def run(self, body: Callable[[Connection], T]) -> T:
         """``body(conn)``; a writer's in one transaction (committed on return, rolled back
-        on a raise). A cancelled caller does not stop a transaction already running."""
+        on a raise). A cancelled caller still waits for a transaction already running
+        (then raises CancelledError), so the store's write lock is never released while
+        this process writes. Closed: ResourceClosedError, a SQLAlchemyError as any other
+        database failure."""
+        if self._closed:
+            raise ResourceClosedError("the store is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self._transaction, body)
+        done = loop.run_in_executor(self._thread, self._transaction, body)
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            await asyncio.wait({done})
+            raise
 
     def _transaction(self, body: Callable[[Connection], T]) -> T:
         with self._engine.begin() if self._write else self._engine.connect() as conn:
             return body(conn)
 
     def close(self) -> None:
-        """Close the connection on its own thread (sqlite3 refuses any other), then stop."""
+        """Close the connection on its own thread (sqlite3 refuses any other), then stop;
+        once."""
+        if self._closed:
+            return
+        self._closed = True
         self._thread.submit(self._engine.dispose).result()
         self._thread.shutdown()
 

@@ -65,9 +65,16 @@ log = logging.getLogger("gateway.engine.compiled")
 MAX_TOKENS = 16  # tokens a row feeds in a compiled decode, verify or drafting step
 MAX_PREFILL = 2 * PREFILL_CHUNK
 """Prompt tokens a row feeds in a prefill chunk the compiled step serves (`serves`); longer
-chunks (a GATEWAY_PREFILL_CHUNK above 256) run eager. The step's shapes are dynamic in the
-tokens, so a chunk is the same graph as a verify step (checked from 2 to MAX_PREFILL
-tokens: no new trace, `tests/unit/engine/test_compiled.py`)."""
+chunks (from a GATEWAY_PREFILL_CHUNK of about 205, whose lone rows take a quarter chunk
+more: batch/scheduler.py `TAIL`) run eager. The step's shapes are dynamic in the tokens,
+so a chunk is the same graph as a verify step (no new trace,
+`tests/unit/engine/test_compiled.py`)."""
+HEAD_SHARE = 0.25
+"""A target step serves prefill chunks (`CompiledForwards.prefill_all`) when its output
+head has at most this share of its layers' weights: the demo target's is 0.2 (a 8192 x 256
+head against 12 layers of 0.85M), and its chunks measured 13-32% faster compiled with the
+head at every position; a model with a large vocabulary for its width (0.38 for a 152k x
+896 head over 24 layers of 15M) would spend that on the head."""
 KINDS = frozenset({"1x1", "1xN", "Bx1", "BxN"})
 Later = tuple[frozenset[str], Callable[[], object]]  # (kinds, wait): warm_up's `then`
 FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share of eager's
@@ -117,6 +124,10 @@ class CompiledForwards:
     """Whether the step's several-token kinds read the rows' keys and values as one view of
     the slot buffers (`_layer`): the rows must then be slots lo, lo + 1, ... in order
     (batch/forward.py `contiguous_rows` arranges them, with filler rows in the gaps)."""
+    prefill_all: bool = False
+    """Whether this target step (every position) serves prefill chunks too (`serves`):
+    set where its output head is small against its layers (`cheap_head`), since a chunk
+    then computes the head at every position where eager computes it at the last."""
 
     def slot_cache(self, layers: int, capacity: int) -> SlotCache:
         """An empty slot cache of the buffers this step was compiled for (`buffers`), each
@@ -138,14 +149,15 @@ class CompiledForwards:
         Why prefill chunks: an eager forward's elementwise work (norms, rotary, residuals,
         activations) cost a third of a chunk's time at the demo sizes; fused, a 1 x 110
         token prefill of the demo target took 21.6 ms against 24.9 eager, 1 x 40 12.1
-        against 17.9 (Intel Xeon, 2 cores, every position's logits included). Its keys
+        against 17.9 (Intel Xeon, 2 cores, every position's logits included). A target's
+        step does so only with `prefill_all` (its head small against its layers). Its keys
         and values round as the compiled step's: outputs may part from the eager gateway's
         at a near tie, as a compiled verify step's may (`python -m benchmarks
         engine_compiled` counts partings)."""
         if backbone or head is not self.head or kind(rows, tokens) not in self.kinds:
             return False
         if keep_last and tokens <= MAX_PREFILL:
-            return keep_last == self.keep_last or head is None
+            return self.keep_last or self.prefill_all
         return keep_last == self.keep_last and tokens <= MAX_TOKENS
 
     def prefills_all(self, keep_last: bool) -> bool:
@@ -570,6 +582,7 @@ def compile_forwards(
     # So does a draft's step: its several-token steps (a first feed after a verify) run
     # for the rows still drafting, whose slots leave gaps that filler rows would compute.
     contiguous = graph_rows <= 0 and not keep_last
+    prefill_all = not keep_last and cheap_head(lean.model)
 
     def step(*args: Any) -> torch.Tensor:
         return _step(lean, keep_last, head, window, dtype, contiguous, *args)
@@ -580,10 +593,17 @@ def compile_forwards(
         if store is not None:
             fn = Precompiled(step, fn, lean, head, store, _fingerprint(lean, keep_last, head))
     if graph_rows <= 0:
-        return CompiledForwards(fn, keep_last, head, contiguous=contiguous)
+        return CompiledForwards(fn, keep_last, head, contiguous=contiguous, prefill_all=prefill_all)
     device = next(lean.model.parameters()).device
     graphs = GraphedSteps(fn, graph_rows, MAX_TOKENS, device)
-    return CompiledForwards(fn, keep_last, head, KINDS, graphs)
+    return CompiledForwards(fn, keep_last, head, KINDS, graphs, prefill_all=prefill_all)
+
+
+def cheap_head(model: Any) -> bool:
+    """Whether `model`'s output head has at most HEAD_SHARE of its layers' weights."""
+    head = model.get_output_embeddings().weight.numel()
+    layers = sum(p.numel() for p in model.base_model.layers.parameters())
+    return head <= HEAD_SHARE * layers
 
 
 def compiled_model(

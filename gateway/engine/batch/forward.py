@@ -54,9 +54,9 @@ def batched_forward(
         raise ValueError("a padded row would write past its slot's padding")
     span = max(st + n for st, n in zip(starts, lengths, strict=True))
     if compiled is not None and not (
-        compiled.serves(b, t, keep_last, backbone, head) and cache.allocated
+        compiled.serves(b, t, keep_last, backbone, head) and cache.allocated and span > 1
     ):
-        compiled = None  # this step runs eager
+        compiled = None  # this step runs eager (a span of 1: no traced step takes it)
     # Several tokens a row through a contiguous step: rows as slots lo, lo + 1, ...
     # (compiled.py `_layer`); out of order or with gaps, they are arranged.
     view = compiled is not None and compiled.contiguous and t > 1

@@ -6,7 +6,8 @@ row's events; a finished or cancelled row leaves its slot at once, and a new one
 before the next step. One step:
 
 1. Prefill: the oldest rows still prefilling feed their next chunks of prompt (at most
-   `prefill_chunk` tokens a row) in one forward of their own, at most `prefill_budget`
+   `prefill_chunk` tokens a row; a row alone takes a rest of up to a quarter chunk with
+   its last, within the budget) in one forward of their own, at most `prefill_budget`
    tokens in all (rows x longest chunk), so a long arrival delays the others by one chunk
    per step, not by its whole prompt, arrivals that come together (as far along, within a
    chunk) prefill together, and the decoding rows wait at most one budget's forward a
@@ -261,11 +262,11 @@ class Batch:
         whether anything was prefilled.
 
         A row that prefills alone takes the rest of its prompt whole when that rest is at
-        most a chunk and a quarter (`TAIL`): a forward's fixed cost is large against a few
-        tokens' (eager, demo target, 2 cores: about 6 ms plus 0.16 ms a token), so a
-        141-token prompt prefilled as 128 + 12 took 13.7 ms more than its first chunk
-        alone, and its first token came a step later. Alone, no other row is padded to its
-        width, so a slot's pad still holds every filler."""
+        most a chunk and a quarter (`TAIL`) and within the budget: a forward's fixed cost
+        is large against a few tokens' (eager, demo target, 2 cores: about 6 ms plus 0.16
+        ms a token), so a 141-token prompt prefilled as 128 + 12 took 13.7 ms more than
+        its first chunk alone, and its first token came a step later. Alone, no other row
+        is padded to its width, so a slot's pad still holds every filler."""
         waiting = [r for r in self.rows if r.prefilling and not r.finished]
         if not waiting:
             return False
@@ -284,7 +285,7 @@ class Batch:
         if len(group) == 1:  # a short rest of one row's prompt goes in now, not a step later
             row, chunk = group[0]
             left = len(row.cfg.prompt_ids) - 1 - row.prefilled
-            if left - len(chunk) <= self.prefill_chunk // TAIL:
+            if left - len(chunk) <= self.prefill_chunk // TAIL and left <= self.prefill_budget:
                 group[0] = (row, row.ctx[row.prefilled : row.prefilled + left])
         t0 = time.perf_counter()
         batched_forward(

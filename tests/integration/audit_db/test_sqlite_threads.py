@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert, select
 
-from gateway.database import AdminEvent, Database
+from gateway.database import AdminEvent, AuditUnavailable, Database
 from gateway.database.base import utcnow
 from gateway.database.tables import TENANTS
 from tests.integration.audit_db.conftest import record
@@ -74,4 +74,38 @@ async def test_a_transaction_that_raises_on_the_writer_thread_leaves_nothing(
         await store._transact(body)  # type: ignore[arg-type]
     rows = await store._query(lambda conn: conn.execute(select(TENANTS.c.id)).all())
     assert rows == []
+    await store.close()
+
+
+async def test_a_closed_store_refuses_as_a_database_failure_and_closes_once(
+    file_store: Database,
+) -> None:
+    await file_store.close()
+    await file_store.close()
+    with pytest.raises(AuditUnavailable):  # fail-closed, as any other database failure
+        await file_store.append([(record(0), None)])
+
+
+async def test_a_cancelled_writer_holds_the_write_lock_until_its_transaction_ends(
+    file_store: Database,
+) -> None:
+    store = file_store
+    started, release = threading.Event(), threading.Event()
+
+    def slow(conn: object) -> None:
+        conn.execute(insert(TENANTS).values(id="slow", name="s", created_at=utcnow()))  # type: ignore[attr-defined]
+        started.set()
+        release.wait(5)
+
+    task = asyncio.create_task(store._transact(slow))  # type: ignore[arg-type]
+    assert await asyncio.to_thread(started.wait, 5)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert store._write_lock.locked()  # this process's writers stay one at a time
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not store._write_lock.locked()
+    rows = await store._query(lambda conn: conn.execute(select(TENANTS.c.id)).all())
+    assert [r[0] for r in rows] == ["slow"]  # it committed
     await store.close()

@@ -177,11 +177,16 @@ def test_a_step_runs_compiled_only_for_the_kinds_kept() -> None:
     assert not fast.serves(1, 3, keep_last=False, backbone=False, head=None)  # 1xN not kept
     assert not fast.serves(1, 1, keep_last=False, backbone=False, head=None)  # 1x1 not kept
     assert not fast.serves(4, 1, keep_last=False, backbone=True, head=None)  # hidden states
-    # a prefill chunk (keep_last) on the target's step: every position computed, the
-    # caller keeps each row's last; up to MAX_PREFILL tokens, of a kind kept
+    # a prefill chunk (keep_last) on the target's step, where its head is cheap: every
+    # position computed, the caller keeps each row's last; up to MAX_PREFILL tokens, of a
+    # kind kept
+    assert not fast.serves(4, 1, keep_last=True, backbone=False, head=None)  # prefill_all off
+    fast = replace(fast, prefill_all=True)
     assert fast.serves(4, 1, keep_last=True, backbone=False, head=None)
     assert fast.prefills_all(True) and not fast.prefills_all(False)
-    wide = CompiledForwards(lambda *a: None, keep_last=False, kinds=frozenset({"1xN"}))
+    wide = CompiledForwards(
+        lambda *a: None, keep_last=False, kinds=frozenset({"1xN"}), prefill_all=True
+    )
     assert wide.serves(1, MAX_PREFILL, keep_last=True, backbone=False, head=None)
     assert not wide.serves(1, MAX_PREFILL + 1, keep_last=True, backbone=False, head=None)
     assert not wide.serves(1, MAX_TOKENS + 1, keep_last=False, backbone=False, head=None)
@@ -217,6 +222,47 @@ def test_auto_keeps_the_kinds_it_measured_faster_and_decodes_what_eager_decodes(
     got = run_batch(engine, mixed_jobs(engine, draft))
     for a, b in zip(eager, got, strict=True):
         assert b.token_ids == a.token_ids
+
+
+def test_a_target_serves_prefill_chunks_only_where_its_head_is_small_against_its_layers(
+    model_dirs, monkeypatch
+) -> None:
+    """Every position's logits cost the head's product per token: a target whose head has
+    more than HEAD_SHARE of its layers' weights keeps eager prefills; a draft's step (the
+    last position) serves its own either way."""
+    from gateway.engine import compiled
+
+    lm = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    assert lm.decoder is not None
+    head = lm.model.get_output_embeddings().weight.numel()
+    share = head / sum(p.numel() for p in lm.model.base_model.layers.parameters())
+    for bound, served in ((share * 1.01, True), (share * 0.99, False)):
+        monkeypatch.setattr(compiled, "HEAD_SHARE", bound)
+        fast = compiled.compile_forwards(lm.decoder, keep_last=False, inductor=False)
+        assert fast.prefill_all is served
+        assert fast.serves(1, 40, keep_last=True, backbone=False, head=None) is served
+        draft = compiled.compile_forwards(lm.decoder, keep_last=True, inductor=False)
+        assert not draft.prefill_all
+        assert draft.serves(1, 40, keep_last=True, backbone=False, head=None)
+
+
+def test_a_step_whose_keys_span_one_position_runs_eager(model_dirs, tmp_path) -> None:
+    """A 2-token prompt prefills one token at position 0: a key span of 1, which no traced
+    step takes (torch specialises sizes of 1; a precompiled step's guards refuse it and the
+    jit would trace anew): it runs eager, on a batch whose step is compiled."""
+    from gateway.engine.compiled import Precompiled
+
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    fast, _ = compiled_model(target, 4, store=tmp_path)
+    assert fast.compiled is not None and isinstance(fast.compiled.step, Precompiled)
+    warm = counters["stats"]["unique_graphs"]
+    engine = Engine(fast)
+    batch = engine.batch(4)
+    reqs = [DecodeRequest((5, 9, 11), greedy(3)), DecodeRequest((7, 4), greedy(3))]
+    got = drive(batch, engine, [Job(0, reqs[0]), Job(2, reqs[1])])
+    assert [r.token_ids for r in got] == [engine.run(r).token_ids for r in reqs]
+    assert not fast.compiled.step.refused
+    assert counters["stats"]["unique_graphs"] == warm
 
 
 def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_eager(
