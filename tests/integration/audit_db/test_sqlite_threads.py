@@ -26,7 +26,7 @@ async def file_store(tmp_path: Path) -> Database:
     return await Database.connect(f"sqlite+aiosqlite:///{tmp_path}/a.db", upgrade=True)
 
 
-async def test_request_path_work_runs_on_the_stores_threads_and_chains_with_the_rest(
+async def test_request_path_work_runs_on_the_stores_threads_beside_async_writes_and_verifies(
     file_store: Database,
 ) -> None:
     store = file_store
