@@ -246,14 +246,17 @@ def test_a_target_serves_prefill_chunks_only_where_its_head_is_small_against_its
         assert draft.serves(1, 40, keep_last=True, backbone=False, head=None)
 
 
-def test_a_step_whose_keys_span_one_position_runs_eager(model_dirs, tmp_path) -> None:
+def test_a_step_whose_keys_span_one_position_runs_eager(model_dirs, tmp_path, monkeypatch) -> None:
     """A 2-token prompt prefills one token at position 0: a key span of 1, which no traced
     step takes (torch specialises sizes of 1; a precompiled step's guards refuse it and the
     jit would trace anew): it runs eager, on a batch whose step is compiled."""
+    from gateway.engine import compiled as compiled_module
     from gateway.engine.compiled import Precompiled
 
     target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    monkeypatch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # it serves prefill chunks
     fast, _ = compiled_model(target, 4, store=tmp_path)
+    assert fast.compiled is not None and fast.compiled.prefill_all
     assert fast.compiled is not None and isinstance(fast.compiled.step, Precompiled)
     warm = counters["stats"]["unique_graphs"]
     engine = Engine(fast)
@@ -272,6 +275,7 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
     together and one alone, prefill through the target's precompiled step (every position
     computed, each row's last kept) and the draft's: no new graph, no call its guards
     refuse, and the same greedy tokens as eager."""
+    from gateway.engine import compiled as compiled_module
     from gateway.engine.compiled import Precompiled
 
     target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
@@ -288,7 +292,9 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
         ]
 
     eager = drive(Engine(target).batch(4), Engine(target), jobs(draft))
+    monkeypatch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # the tiny model's head is large
     fast_target, _ = compiled_model(target, 4, store=tmp_path)
+    assert fast_target.compiled is not None and fast_target.compiled.prefill_all
     fast_draft, _ = compiled_model(draft, 4, draft=True, store=tmp_path)
     widths: list[int] = []
     call = Precompiled.__call__
