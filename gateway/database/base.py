@@ -212,13 +212,8 @@ class StoreBase:
         async with self._engine.connect() as conn:
             yield conn
 
-    async def _upsert(
-        self, conn: AsyncConnection, table: Table, values: dict[str, Any], keys: list[str]
-    ) -> None:
-        """INSERT ... ON CONFLICT (keys) DO UPDATE on SQLite and PostgreSQL."""
-        await conn.execute(self._upsert_stmt(table, values, keys))
-
     def _upsert_stmt(self, table: Table, values: dict[str, Any], keys: list[str]) -> Executable:
+        """INSERT ... ON CONFLICT (keys) DO UPDATE on SQLite and PostgreSQL."""
         insert = sqlite.insert if self.is_sqlite else postgresql.insert
         stmt = insert(table).values(**values)
         updates = {k: v for k, v in values.items() if k not in keys}
@@ -227,7 +222,7 @@ class StoreBase:
     async def _append_event(self, conn: AsyncConnection, event: AdminEvent) -> int:
         """Chain ``event`` inside the caller's write transaction (used by CRUD with actor)."""
         await self._chain_lock(conn, EVENTS_LOCK)
-        prev = await self._head(conn, EVENTS.c.id, EVENTS.c.record_hash)
+        prev = await conn.run_sync(chain_head, EVENTS.c.id, EVENTS.c.record_hash)
         row: dict[str, Any] = {
             "actor": event.actor,
             "action": event.action,
@@ -244,10 +239,6 @@ class StoreBase:
     async def _chain_lock(self, conn: AsyncConnection, key: int) -> None:
         if not self.is_sqlite:  # SQLite already holds the write lock (BEGIN IMMEDIATE)
             await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
-
-    @staticmethod
-    async def _head(conn: AsyncConnection, id_col: Any, hash_col: Any) -> str:
-        return await conn.run_sync(chain_head, id_col, hash_col)
 
 
 def chain_head(conn: Connection, id_col: Any, hash_col: Any) -> str:
