@@ -25,9 +25,12 @@ class Pair:
     source: str
 
 
-def load_pair(dtype: torch.dtype | None = None, cpu_linear: bool | None = None) -> Pair:
+def load_pair(
+    dtype: torch.dtype | None = None, cpu_linear: bool | None = None, compiled: bool = False
+) -> Pair:
     """The demo pair in `dtype` (the engine's default when None); cpu_linear=False keeps
-    torch's own nn.Linear forward (see gateway/engine/cpu_linear.py)."""
+    torch's own nn.Linear forward (see gateway/engine/cpu_linear.py); `compiled`: its steps
+    are to be compiled (the linear forward is then timed as the compiled step multiplies)."""
     if MANIFEST.exists():
         import yaml
 
@@ -38,7 +41,7 @@ def load_pair(dtype: torch.dtype | None = None, cpu_linear: bool | None = None) 
                 if e["name"] == name and str(e["version"]) == version:
                     path = MANIFEST.parent / e["path"]
                     return load_model(path, dtype=dtype, draft_vocab=draft_vocab,
-                                      cpu_linear=cpu_linear)  # fmt: skip
+                                      cpu_linear=cpu_linear, compiled=compiled)  # fmt: skip
             raise KeyError(f"{name} v{version} is not in {MANIFEST}")
 
         drafts = {
@@ -53,10 +56,12 @@ def load_pair(dtype: torch.dtype | None = None, cpu_linear: bool | None = None) 
         "numbers are meaningless",
         file=sys.stderr,
     )
-    return random_pair(dtype, cpu_linear)
+    return random_pair(dtype, cpu_linear, compiled)
 
 
-def random_pair(dtype: torch.dtype | None = None, cpu_linear: bool | None = None) -> Pair:
+def random_pair(
+    dtype: torch.dtype | None = None, cpu_linear: bool | None = None, compiled: bool = False
+) -> Pair:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -88,7 +93,8 @@ def random_pair(dtype: torch.dtype | None = None, cpu_linear: bool | None = None
             pad_token_id=0,
         )
         model = LlamaForCausalLM(cfg)
-        return wrap_model(model if dtype is None else model.to(dtype), fast, cpu_linear=cpu_linear)
+        return wrap_model(model if dtype is None else model.to(dtype), fast, cpu_linear=cpu_linear,
+                          compiled=compiled)  # fmt: skip
 
     v2 = build(1, 192, 3, 3)
     return Pair(build(12, 256, 4, 1), {"v1": build(1, 192, 3, 2), "v2": v2, "v2_full_head": v2},

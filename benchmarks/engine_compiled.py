@@ -38,7 +38,7 @@ init_torch_thread()
 rounds, new_tokens, only_warmup = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 keep_verdicts(cache / "linear-verdicts.json")  # as the gateway: the restart keeps the forms
-pair = load_pair()
+pair = load_pair(compiled=True)  # the linear forward timed as the gateway does when compiling
 def weight_major(lm):
     return cpu_linear.uses_weight_major(lm.model)
 t0 = time.perf_counter()

@@ -101,7 +101,7 @@ def _steps(
     from gateway.engine import DecodeRequest, Engine, SamplingParams, init_torch_thread
 
     init_torch_thread()
-    target = load_pair().target
+    target = load_pair(compiled=_compile_setting() != "off").target
     if _compile_setting() != "off":
         from benchmarks.llamacpp import COMPILE_CACHE
         from gateway.engine.compiled import compiled_model

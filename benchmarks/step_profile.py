@@ -60,9 +60,9 @@ def _child_main(argv: list[str]) -> None:
     init_torch_thread()
     requests_per_case = int(argv[0])
     _phases.install()
-    pair = load_pair()
-    target, draft = pair.target, pair.drafts["v2"]
     setting = _compile_setting()
+    pair = load_pair(compiled=setting != "off")  # as the gateway loads it
+    target, draft = pair.target, pair.drafts["v2"]
     if setting != "off":
         from gateway.engine.compiled import compiled_model
 

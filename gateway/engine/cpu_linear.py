@@ -30,8 +30,17 @@ one-row products, but not the 8192 x 256 head) gave 12.2 ms.
 Whether it pays depends on the CPU and its BLAS: on the AMD EPYC machines it was written
 on, verify steps got 20-30% cheaper; on an Intel Xeon with AMX (MKL) the same demo pair
 decoded 2x slower with it (standard 67-70 vs 128-153 tokens/s). So `load_model` measures
-by default (`weight_major_pays`): the model's own forward, a decode and a verify step, in
-both forms, once per process and model shape, and patches only where it is faster.
+by default (`weight_major_pays`), once per process and model shape, and patches only where
+it is faster. What it times is the products themselves: the model's own weights, each in
+turn as a step reads them, multiplied in both forms by inputs of a decode step's, a verify
+step's and a batch step's rows (PROBE_ROWS). It used to time the model's eager transformers
+forward instead, whose Python and dispatch (about 9 ms a decode step of the demo target)
+hid the products: on a 2-core AMD EPYC with AVX2 (Zen 3) that timing kept torch's linear
+for the demo target (30.6 against 31.6 ms, three times), while its compiled steps, where
+the products are most of the time, ran 1.3-1.5x faster weight-major (in one process,
+alternating, 128 cached tokens, ms: 1 row x 1 token 2.9 against 4.1, 1 x 5 8.6 against
+12.0, 8 x 1 9.3 against 14.3, 8 x 5 17.9 against 26.7); its 49 products alone, 5 rows,
+took 5.9 ms packed against 11.3 with torch's linear.
 """
 
 from __future__ import annotations
@@ -77,21 +86,22 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
 
 log = logging.getLogger("gateway.engine.cpu_linear")
 
-PROBE_TOKENS = (1, 5)  # a decode step and a verify step of k = 4
+PROBE_ROWS = (1, 5, 8)  # a decode step's rows, a verify step's (k = 4), a batch step's
 PROBE_REPS = 7
 MARGIN = 0.95  # the weight-major forward must take at most 95% of torch's time
 _verdicts: dict[tuple[Any, ...], bool] = {}
 
 
-def weight_major_pays(model: Any, cache_kwarg: str) -> bool:
-    """True when, on this machine, the model's own forward (a decode step and a verify step,
-    on a short KV cache) is faster with the weight-major nn.Linear than with torch's:
-    medians of interleaved repetitions, MARGIN to spare. Measuring whole forwards matters:
-    the per-call overhead of the extra tensor ops is what decides on a fast BLAS. Measured
-    once per model shape (config) and process; leaves the model as it found it."""
+def weight_major_pays(model: Any, served: list[nn.Linear] | None = None) -> bool:
+    """True when, on this machine, the model's own linear layers multiply a step's rows
+    faster with the weight-major forward than with torch's (`_measure`): medians of
+    interleaved repetitions, MARGIN to spare. `served`: the linear layers the model's steps
+    multiply by, where those are not its own modules (a compiled step's joined projections,
+    batch/decoder.py `Joined`); by default its fp32 CPU nn.Linear modules. Measured once per
+    set of shapes and process; leaves the model as it found it."""
     linears = [
         m
-        for m in model.modules()
+        for m in (model.modules() if served is None else served)
         if type(m) is nn.Linear
         and m.weight.dtype == torch.float32
         and m.weight.device.type == "cpu"
@@ -109,7 +119,7 @@ def weight_major_pays(model: Any, cache_kwarg: str) -> bool:
         if name in kept:
             _verdicts[key] = kept[name]
         else:
-            _verdicts[key] = _measure(model, linears, cache_kwarg)
+            _verdicts[key] = _measure(linears)
             _keep_verdicts({**kept, name: _verdicts[key]})
     return _verdicts[key]
 
@@ -132,9 +142,10 @@ FORM = (
     f"weight-major, oneDNN packed from {packed_linear.ROWS_MIN} rows"
     if packed_linear.AVAILABLE
     else "weight-major"
-)
-"""What the weight-major forward computes: part of a kept verdict's name, so that a verdict
-measured for an earlier form is measured again."""
+) + f"; products of {PROBE_ROWS} rows timed"
+"""What the weight-major forward computes and how the verdict was measured: part of a kept
+verdict's name, so that a verdict measured for an earlier form or in an earlier way is
+measured again."""
 
 
 def _kept_name(key: tuple[Any, ...]) -> str:
@@ -193,37 +204,35 @@ def _fp32_cpu(w: torch.Tensor) -> bool:
     return w.dtype == torch.float32 and w.device.type == "cpu"
 
 
-def _measure(model: Any, linears: list[nn.Linear], kwarg: str) -> bool:
-    """`kwarg`: the forward's cache argument (models.cache_kwarg)."""
-    from transformers import DynamicCache
+def _measure(linears: list[nn.Linear]) -> bool:
+    """Whether `linear` (the weight-major form, packed from packed_linear.ROWS_MIN rows)
+    multiplies inputs of PROBE_ROWS rows by every weight of `linears`, in the model's order
+    (each weight read from memory in turn, as a step reads them), in at most MARGIN of the
+    time F.linear takes. Timing the products and not a forward: see the module's docstring.
+    The extra tensor ops of the weight-major form (reshapes, the one-row doubling, the pack
+    lookup) are timed with it, since on a fast BLAS they are what decides."""
+    g = torch.Generator().manual_seed(0)  # the global RNG (seeded sampling) is left alone
+    inputs = {
+        (rows, m.in_features): torch.randn(rows, m.in_features, generator=g)
+        for m in linears
+        for rows in PROBE_ROWS
+    }
 
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    ids = torch.arange(16) % vocab  # (16,)
-
-    def step_time() -> float:
-        total = 0.0
-        for t in PROBE_TOKENS:
-            cache = DynamicCache()
-            model(input_ids=ids[None, :8], use_cache=True, **{kwarg: cache})
-            t0 = time.perf_counter()
-            model(input_ids=ids[None, 8 : 8 + t], use_cache=True, **{kwarg: cache})
-            total += time.perf_counter() - t0
-        return total
+    def step_time(weight_major: bool) -> float:
+        form = linear if weight_major else F.linear  # looked up now: tests count the calls
+        t0 = time.perf_counter()
+        for rows in PROBE_ROWS:
+            for m in linears:
+                form(inputs[(rows, m.in_features)], m.weight, m.bias)
+        return time.perf_counter() - t0
 
     timings: dict[bool, list[float]] = {True: [], False: []}
     with torch.inference_mode():
-        for rep in range(PROBE_REPS + 2):  # 2 warm-ups
+        for rep in range(PROBE_REPS + 2):  # 2 warm-ups (the first packs the weights)
             for weight_major in (False, True):
-                for m in linears:
-                    if weight_major:
-                        m.forward = types.MethodType(forward, m)  # type: ignore[method-assign]
-                    elif "forward" in m.__dict__:
-                        del m.forward
-                t = step_time()
+                t = step_time(weight_major)
                 if rep >= 2:
                     timings[weight_major].append(t)
-        for m in linears:  # as found: torch's forward (the caller patches if it pays)
-            m.__dict__.pop("forward", None)
     pays = statistics.median(timings[True]) <= MARGIN * statistics.median(timings[False])
     if not pays:  # torch's forward from now on: the packs the timing made would never serve
         packed_linear.forget([m.weight for m in linears])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from gateway.engine.compiled import CompiledForwards
 from gateway.engine.cpu_linear import use_weight_major_linear, weight_major_pays
 from gateway.engine.draft_head import DraftHead, build_head, read_draft_vocab
 from gateway.engine.errors import VocabularyMismatch
+
+log = logging.getLogger("gateway.engine.models")
 
 
 @dataclass(frozen=True)
@@ -74,18 +77,29 @@ def wrap_model(
     draft_vocab: list[int] | None = None,
     cpu_linear: bool | None = None,
     lean: bool = True,
+    compiled: bool = False,
 ) -> LoadedModel:
     """Describe an already-built model (eval mode) as a LoadedModel; with `draft_vocab`, it
     drafts among those token ids only (see draft_head.py). With `cpu_linear`, its fp32 CPU
     nn.Linear layers (in place) and its reduced head get the decode-friendly forward of
-    cpu_linear.py; None (the default) measures whether that pays on this machine."""
+    cpu_linear.py; None (the default) measures whether that pays on this machine, on the
+    products its steps will run: with `compiled` (its steps are to be compiled,
+    engine/compiled.py), those of the compiled step, whose projections are joined (on the
+    demo target, an AMD EPYC with AVX2: the two forms timed even on the model's own
+    products, and 1.3-1.5x apart, weight-major faster, on the joined ones)."""
     model.eval()
-    if cpu_linear is None:
-        cpu_linear = weight_major_pays(model, cache_kwarg(model))
-    if cpu_linear:
-        use_weight_major_linear(model)
-    param = next(model.parameters())
     kwarg = cache_kwarg(model)
+    decoder = build_decoder(model, kwarg) if lean else None
+    if cpu_linear is None:
+        served = decoder.compiled_linears() if compiled and decoder is not None else None
+        cpu_linear = weight_major_pays(model, served)
+    if cpu_linear and use_weight_major_linear(model):
+        if decoder is not None and decoder.joined is not None:
+            use_weight_major_linear(decoder.joined)
+        if decoder is not None and not decoder.equals_model(kwarg):
+            log.warning("lean decoder's logits differ with the weight-major linear: not used")
+            decoder = None
+    param = next(model.parameters())
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -96,7 +110,7 @@ def wrap_model(
         context_length=_context_length(model.config),
         eos_token_ids=_eos_ids(model, tokenizer),
         draft_head=None if draft_vocab is None else build_head(model, draft_vocab, cpu_linear),
-        decoder=build_decoder(model, kwarg) if lean else None,
+        decoder=decoder,
     )
 
 
@@ -106,6 +120,7 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     draft_vocab: bool = True,
     cpu_linear: bool | None = None,
+    compiled: bool = False,
 ) -> LoadedModel:
     """AutoModelForCausalLM + AutoTokenizer from a local directory (never the hub).
 
@@ -114,7 +129,8 @@ def load_model(
     A `draft_vocab.json` in the directory gives the model a reduced drafting head (used when
     it drafts, never when it is the target); draft_vocab=False ignores that file.
     cpu_linear=False keeps torch's own nn.Linear forward, True forces the weight-major one,
-    None (the default) measures which is faster here (see cpu_linear.py).
+    None (the default) measures which is faster here (see cpu_linear.py), on the products
+    of the compiled step where `compiled` says its steps are to be compiled (wrap_model).
     """
     dev = torch.device(device) if device is not None else default_device()
     if dtype is None:
@@ -129,7 +145,7 @@ def load_model(
     model.to(dev)
     model.requires_grad_(False)
     vocab = read_draft_vocab(path) if draft_vocab else None
-    return wrap_model(model, tokenizer, str(path), dev, vocab, cpu_linear)
+    return wrap_model(model, tokenizer, str(path), dev, vocab, cpu_linear, compiled=compiled)
 
 
 def check_pair(target: LoadedModel, draft: LoadedModel) -> None:

@@ -192,7 +192,10 @@ class ModelPool:
     def _load(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
         """The entry's model as the pool loads it (on the inference thread): a target
         without its drafting head (draft_vocab False), a draft with it."""
-        return load_model(str(entry.path), self.device, self.dtype, draft_vocab, self.cpu_linear)
+        return load_model(
+            str(entry.path), self.device, self.dtype, draft_vocab, self.cpu_linear,
+            compiled=self.compile_mode != "off",
+        )  # fmt: skip
 
     # -- targets -----------------------------------------------------------------------
 

@@ -79,6 +79,25 @@ class LeanDecoder:
                 self.joined = torch.nn.ModuleList(joins)
         return self.joined
 
+    def compiled_linears(self) -> list[torch.nn.Linear] | None:
+        """The linear layers a compiled step multiplies by, in the order it reads them: per
+        layer the joined q/k/v, the output projection, the joined gate/up and the down
+        projection; then the output head. Joins the projections (`join_projections`); None
+        where they cannot be joined."""
+        joined = self.join_projections()
+        if joined is None:
+            return None
+        out: list[torch.nn.Linear] = []
+        for layer, j in zip(self._layers, joined, strict=True):
+            assert isinstance(j, Joined)
+            out += [j.qkv, layer.self_attn.o_proj, j.gate_up, layer.mlp.down_proj]
+        return [*out, self.model.get_output_embeddings()]
+
+    def equals_model(self, kwarg: str) -> bool:
+        """Whether its logits still equal the model's own forward bitwise (the check
+        `build_decoder` made), e.g. after the model's linear forward changed."""
+        return _parity(self.model, kwarg, self)
+
     def hidden(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None, kv: KeyValues,

@@ -119,10 +119,35 @@ def test_by_default_load_model_patches_where_the_measurement_says(
     from gateway.engine import models
 
     seen = []
-    monkeypatch.setattr(models, "weight_major_pays", lambda m, kwarg: seen.append(m) or pays)
+    monkeypatch.setattr(models, "weight_major_pays", lambda m, served: seen.append(m) or pays)
     lm = load_model(model_dirs["llama"], device="cpu")
     lin = [m for m in lm.model.modules() if type(m) is nn.Linear]
     assert seen == [lm.model] and lin and all(patched(m) == pays for m in lin)
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_a_model_to_be_compiled_is_timed_on_the_compiled_steps_products(
+    model_dirs, monkeypatch, pays: bool
+) -> None:
+    """With compiled=True the verdict times what the compiled step multiplies by: each
+    layer's joined q/k/v and gate/up (batch/decoder.py Joined), not the parts, and the head;
+    where it pays, the joined layers get the weight-major forward with the model's."""
+    from gateway.engine import models
+
+    timed: list[list[nn.Linear]] = []
+    monkeypatch.setattr(models, "weight_major_pays", lambda m, served: timed.append(served) or pays)
+    lm = load_model(model_dirs["llama"], device="cpu", compiled=True)
+    assert lm.decoder is not None and lm.decoder.joined is not None
+    joined = lm.decoder.joined
+    cfg = lm.model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * head_dim
+    (served,) = timed
+    assert len(served) == 4 * cfg.num_hidden_layers + 1
+    assert served[0] is joined[0].qkv and served[0].weight.shape[0] == qkv_rows
+    assert served[2] is joined[0].gate_up and served[-1] is lm.model.get_output_embeddings()
+    assert all(patched(m) == pays for m in served)
+    assert all(patched(m) == pays for m in lm.model.modules() if type(m) is nn.Linear)
 
 
 def test_the_measurement_compares_both_forms_on_the_models_shapes(model_dirs, monkeypatch) -> None:
@@ -141,12 +166,39 @@ def test_the_measurement_compares_both_forms_on_the_models_shapes(model_dirs, mo
     monkeypatch.setattr(cpu_linear, "linear", count("ours", real_linear))
     monkeypatch.setattr(cpu_linear.F, "linear", count("torch", real_f))
     off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    kwarg = cache_kwarg(off.model)
-    verdict = cpu_linear.weight_major_pays(off.model, kwarg)
+    verdict = cpu_linear.weight_major_pays(off.model)
     assert isinstance(verdict, bool) and calls["torch"] > 0 and calls["ours"] > 0
     calls.update(torch=0, ours=0)
-    assert cpu_linear.weight_major_pays(off.model, kwarg) is verdict  # measured once per shape set
+    assert cpu_linear.weight_major_pays(off.model) is verdict  # measured once per shape set
     assert calls == {"torch": 0, "ours": 0}
+
+
+@pytest.mark.parametrize("slower", ["ours", "torch"])
+def test_the_verdict_follows_the_products_of_a_steps_rows(model_dirs, monkeypatch, slower) -> None:
+    """The verdict times the products themselves, at a decode step's, a verify step's and a
+    batch step's rows: the form made slower (100 us more a product) loses."""
+    import time
+
+    rows_seen: set[int] = set()
+    real = {"ours": cpu_linear.linear, "torch": cpu_linear.F.linear}
+
+    def timed(name):
+        def wrapped(x, w, b=None):
+            rows_seen.add(x.shape[0])
+            if name == slower:
+                time.sleep(1e-4)
+            return real[name](x, w, b)
+
+        return wrapped
+
+    monkeypatch.setattr(cpu_linear, "_verdicts", {})
+    monkeypatch.setattr(cpu_linear, "_verdict_file", None)
+    monkeypatch.setattr(cpu_linear, "linear", timed("ours"))
+    monkeypatch.setattr(cpu_linear.F, "linear", timed("torch"))
+    off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    rows_seen.clear()  # the load's own forwards
+    assert cpu_linear.weight_major_pays(off.model) is (slower == "torch")
+    assert rows_seen == set(cpu_linear.PROBE_ROWS)
 
 
 @pytest.mark.parametrize("pays", [True, False])
@@ -159,7 +211,7 @@ def test_a_measurement_that_keeps_torchs_forward_keeps_no_packs(model_dirs, monk
     monkeypatch.setattr(cpu_linear, "_verdict_file", None)
     monkeypatch.setattr(cpu_linear, "MARGIN", 1e9 if pays else 0.0)  # the verdict, forced
     off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    assert cpu_linear.weight_major_pays(off.model, cache_kwarg(off.model)) is pays
+    assert cpu_linear.weight_major_pays(off.model) is pays
     weights = {id(m.weight) for m in off.model.modules() if type(m) is nn.Linear}
     kept = [h for h in packed_linear._packs.values() if id(h.source()) in weights]
     assert bool(kept) == (pays and packed_linear.AVAILABLE)
@@ -220,15 +272,14 @@ def test_a_kept_verdict_is_read_back_instead_of_measured_again(
     monkeypatch.setattr(cpu_linear, "_verdicts", {})
     cpu_linear.keep_verdicts(path)
     model = load_model(model_dirs["llama"], device="cpu", cpu_linear=False).model
-    kwarg = cache_kwarg(model)
-    assert cpu_linear.weight_major_pays(model, kwarg) is True and measured == [True]
+    assert cpu_linear.weight_major_pays(model) is True and measured == [True]
     assert list(json.loads(path.read_text()).values()) == [True]
 
     monkeypatch.setattr(cpu_linear, "_verdicts", {})  # the next start
     says["pays"] = False
-    assert cpu_linear.weight_major_pays(model, kwarg) is True and measured == [True]
+    assert cpu_linear.weight_major_pays(model) is True and measured == [True]
 
     path.write_text("{not json")
     monkeypatch.setattr(cpu_linear, "_verdicts", {})
-    assert cpu_linear.weight_major_pays(model, kwarg) is False and measured == [True, False]
+    assert cpu_linear.weight_major_pays(model) is False and measured == [True, False]
     assert list(json.loads(path.read_text()).values()) == [False]  # kept anew
