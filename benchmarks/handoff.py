@@ -101,8 +101,9 @@ def _steps(
     from gateway.engine import DecodeRequest, Engine, SamplingParams, init_torch_thread
 
     init_torch_thread()
-    target = load_pair(compiled=_compile_setting() != "off").target
-    if _compile_setting() != "off":
+    compiled = _compile_setting() != "off"
+    target = load_pair(compiled=compiled).target  # as the gateway loads it
+    if compiled:
         from benchmarks.llamacpp import COMPILE_CACHE
         from gateway.engine.compiled import compiled_model
 

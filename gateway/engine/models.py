@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,13 +10,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from gateway.engine.batch.decoder import LeanDecoder, build_decoder
+from gateway.engine.batch.decoder import LeanDecoder, unchecked_decoder
 from gateway.engine.compiled import CompiledForwards
 from gateway.engine.cpu_linear import use_weight_major_linear, weight_major_pays
 from gateway.engine.draft_head import DraftHead, build_head, read_draft_vocab
 from gateway.engine.errors import VocabularyMismatch
-
-log = logging.getLogger("gateway.engine.models")
 
 
 @dataclass(frozen=True)
@@ -89,16 +86,15 @@ def wrap_model(
     products, and 1.3-1.5x apart, weight-major faster, on the joined ones)."""
     model.eval()
     kwarg = cache_kwarg(model)
-    decoder = build_decoder(model, kwarg) if lean else None
+    decoder = unchecked_decoder(model) if lean else None
     if cpu_linear is None:
         served = decoder.compiled_linears() if compiled and decoder is not None else None
         cpu_linear = weight_major_pays(model, served)
-    if cpu_linear and use_weight_major_linear(model):
+    if cpu_linear:
+        use_weight_major_linear(model)
         if decoder is not None and decoder.joined is not None:
             use_weight_major_linear(decoder.joined)
-        if decoder is not None and not decoder.equals_model(kwarg):
-            log.warning("lean decoder's logits differ with the weight-major linear: not used")
-            decoder = None
+    decoder = None if decoder is None else decoder.checked(kwarg)  # with the forward that serves
     param = next(model.parameters())
     return LoadedModel(
         model=model,

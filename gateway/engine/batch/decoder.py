@@ -93,10 +93,18 @@ class LeanDecoder:
             out += [j.qkv, layer.self_attn.o_proj, j.gate_up, layer.mlp.down_proj]
         return [*out, self.model.get_output_embeddings()]
 
-    def equals_model(self, kwarg: str) -> bool:
-        """Whether its logits still equal the model's own forward bitwise (the check
-        `build_decoder` made), e.g. after the model's linear forward changed."""
-        return _parity(self.model, kwarg, self)
+    def checked(self, kwarg: str) -> LeanDecoder | None:
+        """Itself when its logits equal the model's own forward bitwise on a scratch slot
+        cache (several rows of different lengths, one token and several); None otherwise,
+        with the reason logged. Run once the model's linear forward is settled."""
+        kind = getattr(self.model.config, "model_type", None)
+        try:
+            if _parity(self.model, kwarg, self):
+                return self
+            log.warning("%s: transformers forward (lean decoder's logits differ)", kind)
+        except Exception as exc:  # an unexpected layout: keep the model's own forward
+            log.warning("%s: transformers forward (lean decoder failed: %s)", kind, exc)
+        return None
 
     def hidden(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -307,17 +315,23 @@ def reference_logits(
 
 def build_decoder(model: Any, kwarg: str) -> LeanDecoder | None:
     """A LeanDecoder for `model` when its family is one of FAMILIES and its logits equal
-    the model's own forward bitwise on a scratch slot cache (several rows of different
-    lengths, one token and several); None otherwise, with the reason logged."""
+    the model's own forward bitwise (`LeanDecoder.checked`); None otherwise, with the
+    reason logged."""
+    lean = unchecked_decoder(model)
+    return None if lean is None else lean.checked(kwarg)
+
+
+def unchecked_decoder(model: Any) -> LeanDecoder | None:
+    """A LeanDecoder for `model` when its family is one of FAMILIES, before the check of its
+    logits (`LeanDecoder.checked`): for a loader that settles the model's linear forward on
+    the decoder's joined projections first (models.py `wrap_model`). None otherwise, with
+    the reason logged."""
     kind = getattr(model.config, "model_type", None)
     if kind not in FAMILIES:
         log.info("%s: transformers forward (lean decoder not checked for this family)", kind)
         return None
     try:
-        lean = LeanDecoder(model)
-        if _parity(model, kwarg, lean):
-            return lean
-        log.warning("%s: transformers forward (lean decoder's logits differ)", kind)
+        return LeanDecoder(model)
     except Exception as exc:  # an unexpected layout: keep the model's own forward
         log.warning("%s: transformers forward (lean decoder failed: %s)", kind, exc)
     return None
