@@ -3,6 +3,7 @@ PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+NATIVE  := $(VENV)/.native
 
 .PHONY: run test check lint format fuzz bench train-demo clean browser
 
@@ -14,7 +15,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-run: $(STAMP)
+# The C++ kernel of the compiled step's products (gateway/engine/native.py); where it cannot
+# be built the Python kernel serves, so this never fails.
+$(NATIVE): $(STAMP) gateway/engine/linear_rows.cpp
+	$(BIN)/python -c "from gateway.engine import packed_linear as p; \
+		print('gateway::linear_rows:', p.KERNEL.name, 'kernel')"
+	touch $(NATIVE)
+
+run: $(STAMP) $(NATIVE)
 	$(BIN)/python -m gateway
 
 lint: $(STAMP)
@@ -41,7 +49,7 @@ browser:
 		|| { [ "$$CI" != true ] && echo "chromium not installed: browser tests will skip"; }; \
 	fi
 
-test: $(STAMP) lint browser
+test: $(STAMP) $(NATIVE) lint browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # schemathesis against /schema/openapi.json for FUZZ_MINUTES (tenant, auditor, admin keys).
@@ -49,7 +57,7 @@ FUZZ_MINUTES ?= 10
 fuzz: $(STAMP)
 	$(BIN)/python -m tests.integration.service.fuzz --minutes $(FUZZ_MINUTES)
 
-bench: $(STAMP)
+bench: $(STAMP) $(NATIVE)
 	$(BIN)/python -m benchmarks
 
 train-demo: $(STAMP)

@@ -75,10 +75,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     x2 = x.reshape(rows, x.shape[-1])  # (rows, in)
     if rows == 1 and torch.compiler.is_compiling():
         y = (x2 * w).sum(-1)[None]  # (1, out): a generated reduction (see above)
-    elif torch.compiler.is_compiling():
-        y = torch.ops.gateway.linear_rows(x2, w)  # (rows, out): an extern kernel (see above)
-    else:
-        y = packed_linear.product(x2, w)  # (rows, out)
+    else:  # (rows, out); traced, an extern kernel (see above)
+        y = torch.ops.gateway.linear_rows(x2, w)
     if b is not None:
         y += b
     return y.view(*x.shape[:-1], w.shape[0])  # (..., out)

@@ -67,15 +67,15 @@ def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(
     # the batch, whatever its lengths and row counts, compiled nothing more
     assert 0 < warm - graphs <= 8
     assert counters["stats"]["unique_graphs"] == warm
-    packs = packed_linear.packs_made
+    packs = packed_linear.KERNEL.packs_made()
     again = run_batch(engine, mixed_jobs(engine, fast_draft))
     assert [r.token_ids for r in again] == [r.token_ids for r in got]
-    assert packed_linear.packs_made == packs  # every pack found again, none made per call
+    assert packed_linear.KERNEL.packs_made() == packs  # every pack found again, none per call
     # the compiled steps called the packed op: their joined projections, which only they
     # use, have packs; without the weight-major linear they have none
     assert fast_target.decoder is not None and fast_target.decoder.joined is not None
     joined = [w for j in fast_target.decoder.joined for w in (j.qkv.weight, j.gate_up.weight)]
-    has_pack = {packed_linear._key(w) in packed_linear._packs for w in joined}
+    has_pack = {packed_linear.KERNEL.has_pack(w) for w in joined}
     assert has_pack == {weight_major and packed_linear.AVAILABLE}
 
 
