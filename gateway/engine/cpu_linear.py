@@ -63,20 +63,31 @@ from torch import nn
 
 from gateway.engine import packed_linear
 
-ROWS_MAX = 128  # above the largest verify (engine.MAX_K + 1 rows): every decode step and
-# every verify step take this path, so both modes round alike; longer prefills keep torch's
+ROWS_MAX = 128
+"""Above the largest verify (engine.MAX_K + 1 rows): every decode step and every verify step
+take the weight-major path, so both modes round alike; in eager code longer prefills keep
+torch's. A compiled step sends every product of several rows to the op, whatever its rows:
+a traced branch on them is a guard (rows x tokens <= 128) that a precompiled step's longer
+prefill chunks and 16-row verify steps failed, each compiled anew while serving (a stall of
+seconds); and the op's oneDNN form is the faster one there too (AMD EPYC with AVX-512, us a
+product, torch's against the op: the demo head 8192 x 256 at 129 rows 4410 / 2796, 512 rows
+14547 / 10494, 2048 rows 72723 / 60625; 1536 x 256 at 512 rows 2786 / 1806)."""
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """F.linear(x, w, b), computed as W @ x^T when that is the faster form (see above)."""
     rows = x.numel() // x.shape[-1]
-    if rows > ROWS_MAX or torch.is_grad_enabled() or w.dtype != torch.float32 or w.is_cuda:
+    compiling = torch.compiler.is_compiling()
+    if (
+        (not compiling and rows > ROWS_MAX)  # traced: no branch on the rows (ROWS_MAX says why)
+        or torch.is_grad_enabled() or w.dtype != torch.float32 or w.is_cuda
+    ):  # fmt: skip
         return F.linear(x, w, b)
     x2 = x.reshape(rows, x.shape[-1])  # (rows, in)
-    if rows == 1 and torch.compiler.is_compiling():
-        y = (x2 * w).sum(-1)[None]  # (1, out): a generated reduction (see above)
-    else:  # (rows, out); traced, an extern kernel (see above)
-        y = torch.ops.gateway.linear_rows(x2, w)
+    # traced, one row: (1, out), a generated reduction; else (rows, out) by the op, traced
+    # as an extern kernel (see above)
+    one = rows == 1 and compiling
+    y = (x2 * w).sum(-1)[None] if one else torch.ops.gateway.linear_rows(x2, w)
     if b is not None:
         y += b
     return y.view(*x.shape[:-1], w.shape[0])  # (..., out)

@@ -20,6 +20,7 @@ from gateway.engine import (
     DecodeResult,
     Engine,
     LoadedModel,
+    cpu_linear,
     load_model,
     packed_linear,
 )
@@ -268,18 +269,21 @@ def test_a_step_whose_keys_span_one_position_runs_eager(model_dirs, tmp_path, mo
     assert counters["stats"]["unique_graphs"] == warm
 
 
+@pytest.mark.parametrize("weight_major", [False, True])
 def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_eager(
-    model_dirs, tmp_path, monkeypatch
+    model_dirs, tmp_path, monkeypatch, weight_major
 ) -> None:
     """Prompts of 63 and 90 tokens (above the decode steps' MAX_TOKENS), two arriving
     together and one alone, prefill through the target's precompiled step (every position
     computed, each row's last kept) and the draft's: no new graph, no call its guards
-    refuse, and the same greedy tokens as eager."""
+    refuse, and the same greedy tokens as eager. With the weight-major linear too, whose
+    products of more than cpu_linear.ROWS_MAX rows (the pair's chunk: 2 x 89) must not be
+    a shape the step's guards refuse."""
     from gateway.engine import compiled as compiled_module
     from gateway.engine.compiled import Precompiled
 
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=weight_major)
+    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=weight_major)
     prompts = [tuple((i * 7 + r) % 200 + 3 for i in range(n)) for r, n in enumerate((41, 90, 63))]
     spec = {"mode": "speculative", "k_min": 1, "k_max": 4}
 
@@ -312,6 +316,7 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
     # (the batch's first forward allocates its cache, eager) the pair's chunk, padded to
     # the longer, then a lone arrival's beside rows decoding
     assert {89, 62} <= set(widths)
+    assert cpu_linear.ROWS_MAX < 2 * 89  # the pair's chunk: more rows than ROWS_MAX
     for fast in (fast_target, fast_draft):
         assert fast.compiled is not None and isinstance(fast.compiled.step, Precompiled)
         assert not fast.compiled.step.refused
