@@ -126,8 +126,17 @@ class CompiledForwards:
     (batch/forward.py `contiguous_rows` arranges them, with filler rows in the gaps)."""
     prefill_all: bool = False
     """Whether this target step (every position) serves prefill chunks too (`serves`):
-    set where its output head is small against its layers (`cheap_head`), since a chunk
-    then computes the head at every position where eager computes it at the last."""
+    set where its output head is small against its layers (`cheap_head`)."""
+    outer_head: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """A target's output head (its forward), where the step's several-token kinds leave it
+    to the caller (batch/forward.py): they return the final norm's output, and the caller
+    multiplies the positions it keeps, every one of a verify step's, each row's last of a
+    prefill chunk's. Why: a chunk computed the head at every position, a sixth of its
+    products on the demo target (the head is 2.1M of its 12.3M weights a token). Inside the
+    graph the head of several rows was the op gateway::linear_rows already (an extern
+    kernel), so a verify step's logits are the same products as before. One-token kinds
+    keep it inside, as a generated reduction (75 us a call for the demo head against 225
+    for the op on one row, AMD EPYC with AVX-512). Not with captured graphs (`graphs`)."""
 
     def slot_cache(self, layers: int, capacity: int) -> SlotCache:
         """An empty slot cache of the buffers this step was compiled for (`buffers`), each
@@ -184,8 +193,8 @@ def kind(rows: int, tokens: int) -> str:
 
 def _step(
     lean: LeanDecoder, keep_last: bool, head: DraftHead | None, window: int | None,
-    dtype: torch.dtype, contiguous: bool, inputs: torch.Tensor, span: torch.Tensor,
-    base: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+    dtype: torch.dtype, contiguous: bool, head_outside: bool, inputs: torch.Tensor,
+    span: torch.Tensor, base: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
 ) -> torch.Tensor:  # fmt: skip
     """The lean decoder's layers as one function of tensors. inputs: (6, B, T) integers,
     batch/forward.py `step_layout` (token ids, position ids, write positions, the last key
@@ -198,7 +207,9 @@ def _step(
     layer's slot buffers (slots, kv_heads, capacity, D), written at (rows, positions) in
     place. Returns logits (B, T, V), or (B, 1, V) of each row's kept position with
     keep_last; with `head`, through that reduced head (its product and the scatter into
-    the vocabulary, fused here, took about 0.1 ms a drafting step outside).
+    the vocabulary, fused here, took about 0.1 ms a drafting step outside). With
+    `head_outside`, a step of several tokens a row returns the final norm's output (B, T, H)
+    and leaves the output head to the caller (`CompiledForwards.outer_head`).
 
     Each layer runs as `_layer`, a nested compile region: torch traces and compiles the
     first layer once and calls that code for the others (the same math, bitwise), instead
@@ -240,7 +251,7 @@ def _step(
     if keep_last:
         h = h[torch.arange(ids.shape[0], device=ids.device), keep][:, None]  # (B, 1, H)
     if head is None:
-        return lean.head(h, False)
+        return lean.head(h, head_outside and ids.shape[1] != 1)  # T is 1 exactly, or not
     return head.forward(lean.head(h, True))
 
 
@@ -583,9 +594,11 @@ def compile_forwards(
     # for the rows still drafting, whose slots leave gaps that filler rows would compute.
     contiguous = graph_rows <= 0 and not keep_last
     prefill_all = not keep_last and cheap_head(lean.model)
+    head_outside = graph_rows <= 0 and not keep_last and head is None
+    outer = lean.model.get_output_embeddings().forward if head_outside else None
 
     def step(*args: Any) -> torch.Tensor:
-        return _step(lean, keep_last, head, window, dtype, contiguous, *args)
+        return _step(lean, keep_last, head, window, dtype, contiguous, head_outside, *args)
 
     fn: Callable[..., torch.Tensor] = step
     if inductor:
@@ -593,7 +606,9 @@ def compile_forwards(
         if store is not None:
             fn = Precompiled(step, fn, lean, head, store, _fingerprint(lean, keep_last, head))
     if graph_rows <= 0:
-        return CompiledForwards(fn, keep_last, head, contiguous=contiguous, prefill_all=prefill_all)
+        return CompiledForwards(
+            fn, keep_last, head, contiguous=contiguous, prefill_all=prefill_all, outer_head=outer
+        )
     device = next(lean.model.parameters()).device
     graphs = GraphedSteps(fn, graph_rows, MAX_TOKENS, device)
     return CompiledForwards(fn, keep_last, head, KINDS, graphs, prefill_all=prefill_all)

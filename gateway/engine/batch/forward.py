@@ -11,6 +11,7 @@ what it keeps by setting `cache.length[slot]`; nothing is copied or cropped.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -81,6 +82,8 @@ def batched_forward(
         out = compiled(
             inputs.view(6, rows, t), span_keys(span, device), slot_base(lo, device), cache
         )  # fmt: skip  (rows, T or 1, H or V)
+        if compiled.outer_head is not None and t > 1:  # the step left the head to us
+            return _outer_head(compiled.outer_head, out, where, lengths, every)
         if every:  # every position came back: each row's last
             return [out[where[r], n - 1 : n] for r, n in enumerate(lengths)]
         return [out[where[r], : 1 if keep_last else n] for r, n in enumerate(lengths)]
@@ -145,6 +148,23 @@ def row_layout(tokens: list[list[int]], starts: list[int], width: int) -> list[l
         grid[2] += range(st, st + width)
         grid[3] += [*range(st, st + n), *[st - 1] * pad]
     return grid
+
+
+def _outer_head(
+    head: Callable[[torch.Tensor], torch.Tensor], out: torch.Tensor,
+    where: list[int] | range, lengths: list[int], last: bool,
+) -> list[torch.Tensor]:  # fmt: skip
+    """Logits of a compiled step that left its output head to the caller (compiled.py
+    `CompiledForwards.outer_head`; `out`: (rows, T, H), the final norm's output): each
+    row's last position (`last`, a prefill chunk: (1, V) each) or every position of the
+    rows in `where` (a verify step: (n, V) each)."""
+    if last:
+        index = torch.tensor([[r, n - 1] for r, n in zip(where, lengths, strict=True)])
+        logits = head(out[index[:, 0].to(out.device), index[:, 1].to(out.device)])  # (B, V)
+        return [logits[r : r + 1] for r in range(len(lengths))]
+    kept = out if isinstance(where, range) and len(where) == out.shape[0] else out[list(where)]
+    logits = head(kept)  # (B, T, V)
+    return [logits[r, :n] for r, n in enumerate(lengths)]
 
 
 def _ranged(slots: list[int]) -> bool:

@@ -326,15 +326,26 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
     cache = fast_target.compiled.slot_cache(layers, fast_target.context_length)
     slots, feeds = [cache.take(), cache.take()], [list(prompts[0][:40]), list(prompts[1][:70])]
     out: dict[bool, list[torch.Tensor]] = {}
+    # the step leaves the head to the caller, who multiplies each row's last position only
+    head = fast_target.compiled.outer_head
+    assert head is not None
+    headed: list[tuple[int, ...]] = []
+
+    def counted(h: torch.Tensor) -> torch.Tensor:
+        headed.append(tuple(h.shape))
+        return head(h)
+
+    step = replace(fast_target.compiled, outer_head=counted)
     with torch.inference_mode():
         for compiled in (False, True):  # eager first: the cache's first forward allocates it
             cache.length[slots[0]] = cache.length[slots[1]] = 0
             out[compiled] = batched_forward(
                 target.model, cache_kwarg(target.model), cache, slots, feeds, "cpu",
-                keep_last=True, compiled=fast_target.compiled if compiled else None,
+                keep_last=True, compiled=step if compiled else None,
                 decoder=fast_target.decoder,
             )  # fmt: skip
     assert widths[-1] == 70
+    assert headed == [(2, target.model.config.hidden_size)]
     for a, b in zip(out[True], out[False], strict=True):
         assert a.shape == b.shape == (1, target.vocab_size)
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
