@@ -21,6 +21,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
@@ -64,11 +65,7 @@ at::Tensor packed(const at::Tensor& w) {
   Key key = key_of(*w.unsafeGetTensorImpl());
   std::lock_guard<std::mutex> guard(lock);
   auto hit = packs.find(key);
-  if (hit != packs.end()) {
-    auto source = hit->second.source.lock();
-    if (source && (source.get() == w.unsafeGetTensorImpl() || key_of(*source) == key))
-      return hit->second.packed;
-  }
+  if (hit != packs.end() && !stale(key, hit->second)) return hit->second.packed;
   for (auto it = packs.begin(); it != packs.end();)  // a load: drop what can never serve
     it = stale(it->first, it->second) ? packs.erase(it) : std::next(it);
   at::Tensor pack = reorder(w.detach());
@@ -105,8 +102,9 @@ void forget_packs(at::TensorList weights) {
   std::lock_guard<std::mutex> guard(lock);
   for (auto it = packs.begin(); it != packs.end();) {
     auto source = it->second.source.lock();
-    bool gone = false;
-    for (const auto& w : weights) gone = gone || (source && source.get() == w.unsafeGetTensorImpl());
+    bool gone = source && std::any_of(weights.begin(), weights.end(), [&](const at::Tensor& w) {
+                  return source.get() == w.unsafeGetTensorImpl();
+                });
     it = gone ? packs.erase(it) : std::next(it);
   }
 }

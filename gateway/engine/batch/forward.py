@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gateway.engine.batch.decoder import kept_rows
 from gateway.engine.batch.slots import SlotCache
 
 if TYPE_CHECKING:
@@ -156,15 +157,16 @@ def _outer_head(
 ) -> list[torch.Tensor]:  # fmt: skip
     """Logits of a compiled step that left its output head to the caller (compiled.py
     `CompiledForwards.outer_head`; `out`: (rows, T, H), the final norm's output): each
-    row's last position (`last`, a prefill chunk: (1, V) each) or every position of the
-    rows in `where` (a verify step: (n, V) each)."""
-    if last:
-        index = torch.tensor([[r, n - 1] for r, n in zip(where, lengths, strict=True)])
-        logits = head(out[index[:, 0].to(out.device), index[:, 1].to(out.device)])  # (B, V)
-        return [logits[r : r + 1] for r in range(len(lengths))]
-    kept = out if isinstance(where, range) and len(where) == out.shape[0] else out[list(where)]
-    logits = head(kept)  # (B, T, V)
-    return [logits[r, :n] for r, n in enumerate(lengths)]
+    row's last position (`last`, a prefill chunk: (1, V) each; the rows the eager lean
+    decoder's head runs on, batch/decoder.py `kept_rows`) or every position of the rows
+    in `where` (a verify step: (n, V) each)."""
+    rows = out if isinstance(where, range) and len(where) == out.shape[0] else out[list(where)]
+    if not last:
+        logits = head(rows)  # (B, T, V)
+        return [logits[r, :n] for r, n in enumerate(lengths)]
+    kept = kept_rows(rows, [n - 1 for n in lengths])  # (B, 1, H), or (1, 2, H)
+    logits = head(kept.reshape(-1, kept.shape[-1]))  # (B or 2, V)
+    return [logits[r : r + 1] for r in range(len(lengths))] if len(lengths) > 1 else [logits[-1:]]
 
 
 def _ranged(slots: list[int]) -> bool:
