@@ -63,13 +63,21 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    for owner, attr, phase in targets():
+        setattr(owner, attr, _wrap(phase, getattr(owner, attr)))
+
+
+def targets() -> list[tuple[Any, str, str]]:
+    """(class or module, attribute, phase) for each function `install` wraps that this
+    checkout has (an older one, step_profile's "before", may lack some). A module's entry is
+    the name its callers look up: the scheduler's and drafting's own imports."""
     from gateway.engine import draft_head
-    from gateway.engine.batch import drafting, scheduler
+    from gateway.engine.batch import drafting, forward, scheduler
     from gateway.engine.batch.decoder import LeanDecoder
     from gateway.engine.compiled import CompiledForwards
     from gateway.serving import worker
 
-    methods = [
+    wanted = [
         (worker.InferenceWorker, "_admit", "worker_admit"),
         (worker.Job, "emit", "worker_emit"),
         (getattr(worker, "_Outbox", None), "flush", "worker_emit"),  # a step's events at once
@@ -83,21 +91,17 @@ def install() -> None:
         # steps call its forward inside their graph: compute)
         (LeanDecoder, "__call__", COMPUTE),
         (CompiledForwards, "__call__", COMPUTE),
-    ]
-    for cls, attr, phase in methods:
-        if cls is None or not hasattr(cls, attr):  # an older checkout (step_profile's "before")
-            continue
-        setattr(cls, attr, _wrap(phase, getattr(cls, attr)))
-    names = [
         (scheduler, "batched_forward", "forward_prep"),
         (drafting, "batched_forward", "forward_prep"),
         (scheduler, "plan_k", "plan_k"),
         (scheduler, "choose_batch_k", "choose_k"),
         (scheduler, "plan_masks", "plan_masks"),
         (scheduler, "settle_step", "settle"),
+        # a compiled several-token step leaves the target's output head to its caller
+        # (batch/forward.py): that product is compute, not the forward's preparation
+        (forward, "_outer_head", COMPUTE),
     ]
-    for module, attr, phase in names:
-        setattr(module, attr, _wrap(phase, getattr(module, attr)))
+    return [(o, a, p) for o, a, p in wanted if o is not None and hasattr(o, a)]
 
 
 def snapshot() -> dict[str, Any]:

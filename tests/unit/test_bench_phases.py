@@ -5,6 +5,7 @@ phase counts as the draft's. A fake clock makes the seconds exact."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from benchmarks import _phases
 
@@ -47,3 +48,30 @@ def test_nested_phases_are_exclusive_and_add_up_to_the_outer_call(monkeypatch) -
     assert s["draft_propose"] == pytest.approx(0.006)  # its own time only
     assert s["step_other"] == pytest.approx(0.001)
     assert sum(s.values()) == pytest.approx(clock.now)  # nothing counted twice
+
+
+def test_a_compiled_steps_outer_head_counts_as_target_compute(monkeypatch) -> None:
+    """The output head a compiled several-token step leaves to batch/forward.py is the
+    target's compute, not the forward's preparation (it was, until the profile wrapped it)."""
+    from gateway.engine.batch import forward
+
+    for owner, attr, _ in _phases.targets():  # undone after the test
+        monkeypatch.setattr(owner, attr, getattr(owner, attr))
+    monkeypatch.setattr(_phases, "_installed", False)
+    clock = Clock()
+    monkeypatch.setattr(_phases.time, "perf_counter", clock)
+    _phases.install()
+    before = _phases.snapshot()
+
+    def head(rows):
+        clock.spend(0.005)
+        return rows
+
+    def prep() -> None:
+        clock.spend(0.001)
+        forward._outer_head(head, torch.zeros(1, 3, 2), range(1), [3], False)
+
+    _phases._wrap("forward_prep", prep)()
+    s = _phases.difference(_phases.snapshot(), before)["seconds"]
+    assert s["target_compute"] == pytest.approx(0.005)
+    assert s["forward_prep"] == pytest.approx(0.001)
