@@ -20,7 +20,7 @@ from gateway.engine.kpolicy import KPolicy
 from gateway.engine.models import LoadedModel, cache_kwarg, crop_cache, forward_logits
 from gateway.engine.output import OutputBuilder, token_logprobs
 from gateway.engine.proposers.base import Proposal, Proposer
-from gateway.engine.sampling import LogitsShaper
+from gateway.engine.sampling import LogitsShaper, argmax_rows
 from gateway.engine.schema import DecodeResult, Delta, Finished
 from gateway.engine.stats import DecodeStats
 from gateway.engine.verifier import verify_greedy, verify_sampled
@@ -184,7 +184,7 @@ def settle_step(
         # 6. Accept / reject: m accepted, then the recovered or bonus token.
         if shaper.greedy:
             p = None
-            verdict = verify_greedy(draft, z.argmax(dim=-1).tolist())
+            verdict = verify_greedy(draft, argmax_rows(z))
         else:
             p = shaper.probs(z)  # (n + 1, V)
             q_n = None if plan.q is None else plan.q[:n].to(p.device, p.dtype)  # (n, V)

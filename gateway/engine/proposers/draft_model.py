@@ -13,7 +13,7 @@ from gateway.engine.constraints.base import Grammar, next_token_mask
 from gateway.engine.draft_head import head_logits
 from gateway.engine.models import LoadedModel, cache_kwarg, crop_cache, forward_logits
 from gateway.engine.proposers.base import Proposal
-from gateway.engine.sampling import LogitsShaper, sample
+from gateway.engine.sampling import LogitsShaper, argmax_rows, sample
 
 
 class DraftKV(Protocol):
@@ -132,7 +132,7 @@ class DraftModelProposer:
         if constrained and not bool(torch.isfinite(z).any()):
             return None  # nothing the draft can propose is allowed here (grammar, lists, subset)
         if self._shaper.greedy:
-            tok = int(torch.argmax(z, dim=-1))
+            tok = argmax_rows(z)[0]
             conf = float(torch.softmax(z[0], dim=-1)[tok]) if self._min_conf > 0 else 1.0
         else:
             q = self._shaper.probs(z)  # (1, V)

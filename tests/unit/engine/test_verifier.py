@@ -10,7 +10,7 @@ import torch
 
 from gateway.engine.constraints import TokenSequencesGrammar
 from gateway.engine.constraints.base import next_token_mask
-from gateway.engine.sampling import LogitsShaper, apply_top_p, warp
+from gateway.engine.sampling import LogitsShaper, apply_top_p, argmax_rows, warp
 from gateway.engine.verifier import (
     Verdict,
     acceptance_probability,
@@ -120,6 +120,26 @@ def test_verify_greedy() -> None:
     assert verify_greedy([5, 6, 7], [5, 6, 7, 1]) == Verdict(3, 1)
     assert verify_greedy([], [4]) == Verdict(0, 4)
     assert verify_greedy([3], [4, 8]) == Verdict(0, 4)
+
+
+def test_greedy_tokens_are_torchs_argmax_on_every_path() -> None:
+    """argmax_rows (numpy on CPU fp32) picks what torch's argmax picks: the first of tied
+    maxima, a NaN as the maximum, a row of -inf (a dead end's), strided rows, other dtypes."""
+    inf, nan = float("inf"), float("nan")
+    z = torch.tensor(
+        [[1.0, 3.0, 3.0, 0.0], [-inf] * 4, [1.0, nan, 5.0, nan], [2.0] * 4, [inf, 1.0, inf, 0.0]]
+    )
+    assert argmax_rows(z) == z.argmax(-1).tolist() == [1, 0, 1, 0, 0]
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(9, 8192, generator=g)
+    wide[:, 4000] = wide.max() + 1
+    wide[:, 7000] = wide.max()  # a tie with position 4000: the first one wins
+    assert argmax_rows(wide) == [4000] * 9
+    strided = torch.randn(4, 3, 8192, generator=g)[:, 1]
+    assert not strided.is_contiguous()
+    assert argmax_rows(strided) == strided.argmax(-1).tolist()
+    half = wide.to(torch.bfloat16)
+    assert argmax_rows(half) == half.argmax(-1).tolist()
 
 
 # -- statistical test over short sequences with the real verify_sampled -----------------
