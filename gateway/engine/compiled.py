@@ -77,6 +77,8 @@ head at every position; a model with a large vocabulary for its width (0.38 for 
 896 head over 24 layers of 15M) would spend that on the head."""
 KINDS = frozenset({"1x1", "1xN", "Bx1", "BxN"})
 Later = tuple[frozenset[str], Callable[[], object]]  # (kinds, wait): warm_up's `then`
+Claim = Callable[[str], bool]  # may this process compile a kind's stored step (its file
+# name)? warm_up's `claim` (engine/precompile.py `claimer`)
 FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share of eager's
 INDUCTOR: dict[str, Any] = {
     "size_asserts": False,
@@ -626,7 +628,7 @@ def compiled_model(
     progress: Callable[[str], None] = log.info, measure: bool = False,
     inductor: bool = True, graphs: bool = False, store: Path | None = None,
     kinds: frozenset[str] | None = None, then: Later | None = None,
-    prefill_chunk: int = PREFILL_CHUNK,
+    prefill_chunk: int = PREFILL_CHUNK, claim: Claim | None = None,
 ) -> tuple[LoadedModel, float]:  # fmt: skip
     """``lm`` with its compiled step (a draft's: drafting, through its reduced head if it
     has one; a target's: verify), every kind of step already compiled on a slot cache
@@ -639,7 +641,7 @@ def compiled_model(
     (GATEWAY_COMPILE=auto), each kind is then timed compiled and eager and only the kinds
     where compiling measured faster are served compiled; where none is, ``lm`` comes back
     eager. Raises ValueError for a model without a lean decoder (its family was not
-    checked, batch/decoder.py): it runs eager. `kinds` and `then`: see `warm_up`.
+    checked, batch/decoder.py): it runs eager. `kinds`, `then` and `claim`: see `warm_up`.
     `prefill_chunk`: the batch's (GATEWAY_PREFILL_CHUNK): the step is compiled for the
     slot buffers such a batch allocates (`batch_buffers`)."""
     if lm.decoder is None:
@@ -652,7 +654,7 @@ def compiled_model(
     out = replace(lm, compiled=replace(fast, buffers=buffers))
     t0 = time.perf_counter()
     if inductor:
-        warm_up(out, max_rows, progress, kinds, then)
+        warm_up(out, max_rows, progress, kinds, then, claim)
         step = fast.step if fast.graphs is None else fast.graphs.step
         if isinstance(step, Precompiled):
 
@@ -727,13 +729,16 @@ def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str,
 def warm_up(
     lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = log.info,
     kinds: frozenset[str] | None = None, then: Later | None = None,
+    claim: Claim | None = None,
 ) -> float:  # fmt: skip
     """Trace and compile every kind of step a batch of `max_rows` rows runs (one row x one
     token, one row x several tokens, and with two rows or more several rows x one and
     several x several) on a scratch cache shaped like the batch's; returns the seconds
     spent. `kinds`: only these (a compile helper's share of a model, engine/precompile.py).
     `then` (kinds, wait): those kinds last, after calling wait() (a helper compiled them
-    into the store meanwhile: they load)."""
+    into the store meanwhile: they load). `claim` (with a store; engine/precompile.py
+    `claimer`): asked, with the name of its stored step, before a kind not in the store is
+    compiled; a kind it refuses (another process compiles it) is skipped."""
     from gateway.engine.batch.forward import batched_forward
     from gateway.engine.models import cache_kwarg
 
@@ -761,6 +766,10 @@ def warm_up(
                 then[1]()
                 continue
             rows, t = step
+            if claim is not None and not _claimed(fast, kind(rows, t), claim):
+                progress(f"compiling {lm.path}: step kind {kind(rows, t)} left to the other "
+                         "process compiling it")  # fmt: skip
+                continue
             for s, f in zip(slots, fill, strict=True):
                 cache.length[s] = len(f)
             batched_forward(
@@ -774,6 +783,16 @@ def warm_up(
                 f"token(s)), {time.perf_counter() - t0:.1f} s"
             )
     return time.perf_counter() - t0
+
+
+def _claimed(fast: CompiledForwards, name: str, claim: Claim) -> bool:
+    """Whether this process compiles (or loads) kind `name`: yes when it is stored or not
+    precompiled at all, else as `claim` says."""
+    step = fast.step if fast.graphs is None else fast.graphs.step
+    if not isinstance(step, Precompiled) or fast.buffers is None:
+        return True
+    path = _artifact(step.store, step.fingerprint, name, fast.buffers)
+    return path.exists() or claim(path.name)
 
 
 def _warm_kinds(max_rows: int) -> list[tuple[int, int]]:

@@ -23,9 +23,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
@@ -33,6 +36,7 @@ from typing import IO
 import torch
 
 from gateway.engine.batch.slots import PREFILL_CHUNK
+from gateway.engine.compiled import Claim
 from gateway.engine.cpu_linear import uses_weight_major
 from gateway.engine.models import LoadedModel
 
@@ -74,26 +78,53 @@ class Job:
 
 
 class Helper:
-    """A running helper process; its output goes to this process's log, line by line."""
+    """A running helper process; its output goes to this process's log, line by line.
+    `takeable`: its jobs this process may take kinds of (`take_last`), with this process's
+    loaded model of each; `claims`: the folder both claim kinds in (None: no taking)."""
 
-    def __init__(self, process: subprocess.Popen[str]) -> None:
+    def __init__(
+        self, process: subprocess.Popen[str], store: Path | None = None,
+        claims: Path | None = None, takeable: list[tuple[LoadedModel, Job]] | None = None,
+    ) -> None:  # fmt: skip
         self.process = process
+        self.store, self.claims, self.takeable = store, claims, takeable or []
         assert process.stdout is not None
         self._reader = threading.Thread(
             target=_relay, args=(process.stdout,), name="compile-helper-log", daemon=True
         )
         self._reader.start()
 
+    def take_last(self, progress: Callable[[str], None] = log.info) -> int:
+        """Compile the helper's last kinds here, from its last job's last kind back, until
+        one it has reached (`take_last`); how many were taken. Never raises: what is not
+        taken, the helper compiles, or else this process after `wait`."""
+        if self.claims is None or self.store is None or not self.takeable:
+            return 0
+        try:
+            taken = take_last(self.takeable, self.store, self.claims, progress)
+        except Exception as exc:
+            log.warning("taking the compile helper's last kinds failed (%s: %s)",
+                        type(exc).__name__, exc)  # fmt: skip
+            return 0
+        if taken:
+            log.info("compiled %d of the compile helper's kinds here", taken)
+        return taken
+
     def wait(self, timeout: float) -> bool:
         """Wait for the helper to finish (killing it past `timeout` seconds); whether it
-        compiled every job."""
+        compiled every job. Its claims folder goes."""
         try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            log.warning("compile helper killed after %.0f s: the rest compiles here", timeout)
-            return False
+            try:
+                code = self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                log.warning("compile helper killed after %.0f s: the rest compiles here",
+                            timeout)  # fmt: skip
+                return False
+        finally:
+            if self.claims is not None:
+                shutil.rmtree(self.claims, ignore_errors=True)
         self._reader.join(5)
         if code != 0:
             log.warning("compile helper failed (exit %d): what it did not save compiles here", code)
@@ -105,15 +136,27 @@ class Helper:
             self.process.kill()
             log.info("compile helper stopped")
         self.process.wait()
+        if self.claims is not None:
+            shutil.rmtree(self.claims, ignore_errors=True)
 
 
-def start(jobs: list[Job], store: Path) -> Helper:
+def start(jobs: list[Job], store: Path, models: list[LoadedModel | None] | None = None) -> Helper:
     """A helper process compiling `jobs` into `store`, with the calling thread's torch
-    thread count (part of a stored step's fingerprint)."""
+    thread count (part of a stored step's fingerprint). `models`: this process's loaded
+    model of each job, or None for a job it may not take kinds of; with one, both processes
+    claim each kind before compiling it (`claimer`, in a fresh folder of the store), so
+    that this process, done with its own share, can take the helper's last kinds
+    (`Helper.take_last`)."""
+    takeable = [(lm, job) for lm, job in zip(models or [], jobs, strict=False) if lm is not None]
+    claims = None
+    if takeable:
+        store.mkdir(parents=True, exist_ok=True)
+        claims = Path(tempfile.mkdtemp(prefix=".claims-", dir=store))
     spec = {
         "jobs": [asdict(j) for j in jobs],
         "store": str(store),
         "threads": torch.get_num_threads(),
+        "claims": None if claims is None else str(claims),
     }
     env = dict(os.environ)  # the helper imports this gateway's code, wherever it runs from
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
@@ -126,7 +169,64 @@ def start(jobs: list[Job], store: Path) -> Helper:
     process.stdin.write(json.dumps(spec))
     process.stdin.close()
     log.info("compile helper (pid %d) compiling %d model(s) alongside", process.pid, len(jobs))
-    return Helper(process)
+    return Helper(process, store, claims, takeable)
+
+
+def claimer(folder: Path) -> Claim:
+    """A `warm_up` claim shared by the processes compiling into one store: a kind is this
+    process's when it creates `folder`/<the kind's stored step name> first (O_EXCL, atomic
+    between processes). A folder that cannot be written claims everything: two processes
+    may then compile the same kind, which costs time, never a wrong step (the same
+    fingerprint, the same step)."""
+
+    def claim(name: str) -> bool:
+        try:
+            os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            log.warning("compile claim %s not written (%s): compiling it here", name, exc)
+            return True
+
+    return claim
+
+
+def take_last(
+    models: list[tuple[LoadedModel, Job]], store: Path, claims: Path,
+    progress: Callable[[str], None] = log.info,
+) -> int:  # fmt: skip
+    """In the calling process, once its own share is compiled: compile the helper's jobs'
+    kinds from the last one back (the helper goes from the first on), each claimed first,
+    until a kind the helper claimed; each is saved to `store`, where both processes'
+    later loads find it. Returns how many kinds were taken. `models`: the helper's jobs
+    with this process's loaded model of each."""
+    from gateway.engine.compiled import _warm_kinds, compiled_model, kind, stored
+
+    claim = claimer(claims)
+    taken = 0
+    for lm, job in reversed(models):
+        names = [kind(b, t) for b, t in _warm_kinds(job.rows)]
+        for name in reversed([n for n in names if not job.kinds or n in job.kinds]):
+            one = frozenset({name})
+            if stored(lm, job.rows, job.draft, store, one, job.prefill_chunk):
+                return taken  # the helper has been here: what comes before is its own
+            granted: list[str] = []
+
+            def ask(step: str, _granted: list[str] = granted) -> bool:
+                if claim(step):
+                    _granted.append(step)
+                    return True
+                return False
+
+            compiled_model(
+                lm, job.rows, job.draft, progress=progress, store=store, kinds=one,
+                prefill_chunk=job.prefill_chunk, claim=ask,
+            )  # fmt: skip
+            if not granted:
+                return taken  # the helper is compiling it: what comes before is its own
+            taken += 1
+    return taken
 
 
 def _relay(stream: IO[str]) -> None:
@@ -144,6 +244,7 @@ def main() -> int:
     spec = json.load(sys.stdin)
     init_torch_thread(int(spec["threads"]))
     store = Path(spec["store"])
+    claim = None if spec.get("claims") is None else claimer(Path(spec["claims"]))
     failed = 0
     for raw in spec["jobs"]:
         job = Job(**{**raw, "kinds": tuple(raw.get("kinds", ()))})
@@ -155,6 +256,7 @@ def main() -> int:
             _, seconds = compiled_model(
                 lm, job.rows, job.draft, progress=lambda m: print(m, flush=True), store=store,
                 kinds=frozenset(job.kinds) or None, prefill_chunk=job.prefill_chunk,
+                claim=claim,
             )  # fmt: skip
         except Exception as exc:
             failed += 1

@@ -113,9 +113,13 @@ class ModelPool:
         helper = None
         if self.compile_helper and self.compile_store is not None and self.compile_mode != "off":
             helper = await self._compile_alongside(self.compile_store)
-            if helper is not None:  # the first target's warm-up waits for its shared kinds
-                wait = helper.wait
-                self._then = (frozenset(SHARED), lambda: wait(HELPER_TIMEOUT))
+            if helper is not None:  # the first target's warm-up waits for its shared kinds,
+                # after taking what the helper has not reached of its share (`take_last`)
+                running = helper
+                self._then = (
+                    frozenset(SHARED),
+                    lambda: (running.take_last(), running.wait(HELPER_TIMEOUT)),
+                )
         try:
             for entry in self.manifest.targets():
                 _, engine = await self.target(entry.name)
@@ -167,6 +171,7 @@ class ModelPool:
         if any(m.device.type != "cpu" or not self._fast(m)[0] for m, _ in models):
             return None
         jobs: list[precompile.Job] = []
+        mine: list[LoadedModel | None] = []  # a job whose kinds this process may take
         chunk = self.prefill_chunk
         rows, busy = 0, False  # busy: the first target has steps to compile here
         for i, (model, draft) in enumerate(models):
@@ -179,9 +184,11 @@ class ModelPool:
                 shared = frozenset(SHARED)
                 if rows >= 2 and not stored(model, rows, draft, store, shared, chunk):
                     jobs.append(precompile.Job.of(model, rows, draft, chunk, SHARED))
+                    mine.append(None)  # the kinds this process waits for: never taken
             else:
                 jobs.append(precompile.Job.of(model, rows, draft, chunk))
-        return precompile.start(jobs, store) if busy and jobs else None
+                mine.append(model)
+        return precompile.start(jobs, store, models=mine) if busy and jobs else None
 
     async def _preload(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
         await asyncio.to_thread(verify_sha256, entry)

@@ -9,7 +9,7 @@ from torch._dynamo.utils import counters
 
 from gateway.engine import Engine, load_model
 from gateway.engine.compiled import compiled_model
-from gateway.engine.precompile import Job, start
+from gateway.engine.precompile import Job, claimer, start, take_last
 
 from .test_batch import mixed_jobs, run_batch
 
@@ -22,10 +22,14 @@ def test_what_a_helper_compiled_loads_here_without_tracing(model_dirs, tmp_path)
     draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=True)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
 
-    # the batch's rows (run_batch's 8): a step is compiled for its slot buffers' shape
-    helper = start([Job.of(target, 8, draft=False), Job.of(draft, 8, draft=True)], tmp_path)
+    # the batch's rows (run_batch's 8): a step is compiled for its slot buffers' shape;
+    # this process may take the draft's last kinds (claimed, so each is compiled once)
+    jobs = [Job.of(target, 8, draft=False), Job.of(draft, 8, draft=True)]
+    helper = start(jobs, tmp_path, models=[None, draft])
+    helper.take_last()
     assert helper.wait(600)
     assert len(list(tmp_path.glob("step-*.pt"))) == 8
+    assert not list(tmp_path.glob(".claims-*"))  # the claims folder went with the helper
     traced = counters["stats"]["unique_graphs"]
     fast_target, _ = compiled_model(target, 8, store=tmp_path)
     fast_draft, _ = compiled_model(draft, 8, draft=True, store=tmp_path)
@@ -44,3 +48,34 @@ def test_a_helper_that_fails_says_so(tmp_path, caplog) -> None:
     assert "compile helper failed (exit 1)" in caplog.text
     assert "compile helper: " in caplog.text  # its output (the traceback) is in the log
     assert not list(tmp_path.glob("store/step-*.pt"))
+
+
+def test_a_kind_is_claimed_once(tmp_path) -> None:
+    mine, theirs = claimer(tmp_path), claimer(tmp_path)
+    assert mine("step-a-1x1.pt")
+    assert not theirs("step-a-1x1.pt")  # the other process has it
+    assert theirs("step-a-BxN.pt")
+    assert not mine("step-a-BxN.pt")
+
+
+def test_taking_the_last_kinds_stops_where_the_helper_is(model_dirs, tmp_path, caplog) -> None:
+    """The gateway takes a helper's kinds from the last back and stops at the first one the
+    helper claimed (it goes from the first on: those before are its own too); the taken
+    ones are stored, the rest left to the helper (here nobody compiles them: the final
+    load does, as after a dead helper)."""
+    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=True)
+    store, claims = tmp_path / "store", tmp_path / "claims"
+    claims.mkdir()
+    at = "BxN"  # warm_up's order is 1xN, Bx1, BxN, 1x1: the helper is at its third kind
+    helper = claimer(claims)
+    # the helper claims that kind (by the name warm_up asks with) and compiles nothing
+    compiled_model(draft, 8, draft=True, store=store, kinds=frozenset({at}),
+                   claim=lambda name: helper(name) and False)  # fmt: skip
+    assert len(list(claims.iterdir())) == 1 and not list(store.glob("step-*.pt"))
+    with caplog.at_level(logging.INFO):
+        taken = take_last([(draft, Job.of(draft, 8, draft=True))], store, claims)
+    assert taken == 1  # 1x1, then BxN is the helper's: 1xN and Bx1 are not taken
+    assert f"step kind {at} left to the other process" in caplog.text
+    assert [p.stem.split("-")[-2] for p in store.glob("step-*.pt")] == ["1x1"]
+    fast, _ = compiled_model(draft, 8, draft=True, store=store)
+    assert fast.compiled.step.loaded == ["1x1"]  # type: ignore[union-attr]

@@ -83,7 +83,7 @@ def fake_helper(code: str) -> Helper:
 async def test_a_broken_helper_leaves_every_model_to_compile_here(
     tmp_path, caplog, monkeypatch, broken
 ) -> None:
-    def start(jobs, store):  # type: ignore[no-untyped-def]
+    def start(jobs, store, models=None):  # type: ignore[no-untyped-def]
         if broken == "cannot start":
             raise OSError("no processes left")
         return fake_helper("print('boom'); raise SystemExit(3)")
@@ -104,7 +104,7 @@ async def test_a_broken_helper_leaves_every_model_to_compile_here(
 async def test_a_start_that_fails_stops_its_helper(tmp_path, monkeypatch) -> None:
     helpers: list[Helper] = []
 
-    def start(jobs, store):  # type: ignore[no-untyped-def]
+    def start(jobs, store, models=None):  # type: ignore[no-untyped-def]
         helpers.append(fake_helper("import time; time.sleep(120)"))
         return helpers[-1]
 
