@@ -505,7 +505,7 @@ def stored(
     buffers = batch_buffers(lm, max_rows, prefill_chunk)
     return all(
         _artifact(store, fingerprint, kind(b, t), buffers).exists()
-        for b, t in _warm_kinds(max_rows)
+        for b, t in warm_kinds(max_rows)
         if kinds is None or kind(b, t) in kinds
     )
 
@@ -746,7 +746,7 @@ def warm_up(
     assert fast is not None
     model, kwarg = lm.model, cache_kwarg(lm.model)
     order: list[tuple[int, int] | None] = [
-        k for k in _warm_kinds(max_rows) if kinds is None or kind(*k) in kinds
+        k for k in warm_kinds(max_rows) if kinds is None or kind(*k) in kinds
     ]
     if then is not None:  # None marks the wait
         order = (
@@ -795,7 +795,7 @@ def _claimed(fast: CompiledForwards, name: str, claim: Claim) -> bool:
     return path.exists() or claim(path.name)
 
 
-def _warm_kinds(max_rows: int) -> list[tuple[int, int]]:
+def warm_kinds(max_rows: int) -> list[tuple[int, int]]:
     """(rows, tokens) of a step of each kind `warm_up` compiles, in its order."""
     return [(b, t) for b, t in ((1, 3), (2, 1), (2, 3), (1, 1)) if b <= max_rows]
 

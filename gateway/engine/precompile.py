@@ -11,10 +11,14 @@ with one kind of step of the model it compiles itself (`Job.kinds`; the shares c
 about even) and the jobs of every other model. The helper
 (`python -m gateway.engine.precompile`) loads each model the same way and runs
 `compiled_model` with the same store (engine/compiled.py, Precompiled), which saves each
-kind of step. When the caller is done with its own model it `wait`s, and compiling the
-others loads what the helper saved. A stored step is keyed by a fingerprint of the model,
-the code, the thread count and the machine, so a step the helper compiled otherwise is
-never loaded: it compiles here, as does whatever a failed or killed helper did not save.
+kind of step. Which side finishes first depends on the machine, so the shares are not
+left fixed: both processes claim a kind before compiling it (`claimer`), the helper
+going through its jobs from the first kind on, and the caller, done with its own model,
+takes the helper's kinds from the last one back (`Helper.take_last`) until one the helper
+has claimed. Then it `wait`s, and compiling the others loads what either saved. A stored
+step is keyed by a fingerprint of the model, the code, the thread count and the machine,
+so a step the helper compiled otherwise is never loaded: it compiles here, as does
+whatever a failed or killed helper did not save.
 The helper only ever costs the overlap.
 """
 
@@ -198,19 +202,19 @@ def take_last(
 ) -> int:  # fmt: skip
     """In the calling process, once its own share is compiled: compile the helper's jobs'
     kinds from the last one back (the helper goes from the first on), each claimed first,
-    until a kind the helper claimed; each is saved to `store`, where both processes'
-    later loads find it. Returns how many kinds were taken. `models`: the helper's jobs
-    with this process's loaded model of each."""
-    from gateway.engine.compiled import _warm_kinds, compiled_model, kind, stored
+    until a kind the helper claimed (the kinds before it are the helper's too); each is
+    saved to `store`, where both processes' later loads find it. Returns how many kinds
+    were taken. `models`: the helper's jobs with this process's loaded model of each."""
+    from gateway.engine.compiled import compiled_model, kind, stored, warm_kinds
 
     claim = claimer(claims)
     taken = 0
     for lm, job in reversed(models):
-        names = [kind(b, t) for b, t in _warm_kinds(job.rows)]
+        names = [kind(b, t) for b, t in warm_kinds(job.rows)]
         for name in reversed([n for n in names if not job.kinds or n in job.kinds]):
             one = frozenset({name})
             if stored(lm, job.rows, job.draft, store, one, job.prefill_chunk):
-                return taken  # the helper has been here: what comes before is its own
+                continue  # stored (by the helper, or by an earlier start): nothing to take
             granted: list[str] = []
 
             def ask(step: str, _granted: list[str] = granted) -> bool:

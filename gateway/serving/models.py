@@ -33,7 +33,8 @@ Runner = Callable[[Callable[[], Any]], Awaitable[Any]]
 HELPER_TIMEOUT = 1800.0  # seconds a compile helper may take before it is killed
 SHARED = ("BxN",)  # the first target's kinds the helper compiles too: several rows x several
 # tokens, the costliest after the first kind (15 of the demo target's 53 s; with the draft's
-# 18.5 s the helper's share is about 33 s against the gateway's 40)
+# 18.5 s the helper's share is about 33 s against the gateway's 40). Where the helper's
+# share comes out longer, the gateway takes its last kinds (precompile.Helper.take_last).
 
 
 @dataclass(frozen=True)

@@ -79,3 +79,19 @@ def test_taking_the_last_kinds_stops_where_the_helper_is(model_dirs, tmp_path, c
     assert [p.stem.split("-")[-2] for p in store.glob("step-*.pt")] == ["1x1"]
     fast, _ = compiled_model(draft, 8, draft=True, store=store)
     assert fast.compiled.step.loaded == ["1x1"]  # type: ignore[union-attr]
+
+
+def test_a_kind_stored_by_an_earlier_start_is_passed_over(model_dirs, tmp_path) -> None:
+    """A stored kind is not where the helper is (it may be an earlier start's): the taking
+    goes on back past it, to the kinds before it, until the helper's claim."""
+    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=True)
+    store, claims = tmp_path / "store", tmp_path / "claims"
+    claims.mkdir()
+    compiled_model(draft, 8, draft=True, store=store, kinds=frozenset({"1x1"}))  # stored
+    helper = claimer(claims)
+    claimed = frozenset({"1xN"})  # the helper's: claimed, not compiled
+    compiled_model(draft, 8, draft=True, store=store, kinds=claimed,
+                   claim=lambda name: helper(name) and False)  # fmt: skip
+    taken = take_last([(draft, Job.of(draft, 8, draft=True))], store, claims)
+    assert taken == 2  # BxN and Bx1; 1x1 was stored, 1xN is the helper's
+    assert sorted(p.stem.split("-")[-2] for p in store.glob("step-*.pt")) == ["1x1", "Bx1", "BxN"]
