@@ -499,15 +499,25 @@ def stored(
     """Whether `store` holds every kind of step (of `kinds`, default all) that
     `compiled_model(lm, max_rows, draft, store=store, prefill_chunk=prefill_chunk)`
     compiles (so it would only load them); True for a model that is not compiled."""
+    paths = step_paths(lm, max_rows, draft, store, prefill_chunk)
+    return all(path.exists() for name, path in paths.items() if kinds is None or name in kinds)
+
+
+def step_paths(
+    lm: LoadedModel, max_rows: int, draft: bool, store: Path,
+    prefill_chunk: int = PREFILL_CHUNK,
+) -> dict[str, Path]:  # fmt: skip
+    """Each kind's stored step, in `warm_up`'s order, that `compiled_model(lm, max_rows,
+    draft, store=store, prefill_chunk=prefill_chunk)` saves or loads; none for a model that
+    is not compiled."""
     if lm.decoder is None:
-        return True
+        return {}
     fingerprint = _fingerprint(lm.decoder, draft, lm.draft_head if draft else None)
     buffers = batch_buffers(lm, max_rows, prefill_chunk)
-    return all(
-        _artifact(store, fingerprint, kind(b, t), buffers).exists()
-        for b, t in warm_kinds(max_rows)
-        if kinds is None or kind(b, t) in kinds
-    )
+    return {
+        kind(b, t): _artifact(store, fingerprint, kind(b, t), buffers)
+        for b, t in _warm_kinds(max_rows)
+    }
 
 
 def _fingerprint(lean: LeanDecoder, keep_last: bool, head: DraftHead | None) -> str:
@@ -746,7 +756,7 @@ def warm_up(
     assert fast is not None
     model, kwarg = lm.model, cache_kwarg(lm.model)
     order: list[tuple[int, int] | None] = [
-        k for k in warm_kinds(max_rows) if kinds is None or kind(*k) in kinds
+        k for k in _warm_kinds(max_rows) if kinds is None or kind(*k) in kinds
     ]
     if then is not None:  # None marks the wait
         order = (
@@ -767,8 +777,7 @@ def warm_up(
                 continue
             rows, t = step
             if claim is not None and not _claimed(fast, kind(rows, t), claim):
-                progress(f"compiling {lm.path}: step kind {kind(rows, t)} left to the other "
-                         "process compiling it")  # fmt: skip
+                progress(left_to_other(lm.path, kind(rows, t)))
                 continue
             for s, f in zip(slots, fill, strict=True):
                 cache.length[s] = len(f)
@@ -785,6 +794,11 @@ def warm_up(
     return time.perf_counter() - t0
 
 
+def left_to_other(path: str, name: str) -> str:
+    """The progress line of a kind another process claimed (`claim`)."""
+    return f"compiling {path}: step kind {name} left to the other process compiling it"
+
+
 def _claimed(fast: CompiledForwards, name: str, claim: Claim) -> bool:
     """Whether this process compiles (or loads) kind `name`: yes when it is stored or not
     precompiled at all, else as `claim` says."""
@@ -795,7 +809,7 @@ def _claimed(fast: CompiledForwards, name: str, claim: Claim) -> bool:
     return path.exists() or claim(path.name)
 
 
-def warm_kinds(max_rows: int) -> list[tuple[int, int]]:
+def _warm_kinds(max_rows: int) -> list[tuple[int, int]]:
     """(rows, tokens) of a step of each kind `warm_up` compiles, in its order."""
     return [(b, t) for b, t in ((1, 3), (2, 1), (2, 3), (1, 1)) if b <= max_rows]
 

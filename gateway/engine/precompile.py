@@ -127,8 +127,7 @@ class Helper:
                             timeout)  # fmt: skip
                 return False
         finally:
-            if self.claims is not None:
-                shutil.rmtree(self.claims, ignore_errors=True)
+            self._drop_claims()
         self._reader.join(5)
         if code != 0:
             log.warning("compile helper failed (exit %d): what it did not save compiles here", code)
@@ -140,6 +139,9 @@ class Helper:
             self.process.kill()
             log.info("compile helper stopped")
         self.process.wait()
+        self._drop_claims()
+
+    def _drop_claims(self) -> None:
         if self.claims is not None:
             shutil.rmtree(self.claims, ignore_errors=True)
 
@@ -205,30 +207,22 @@ def take_last(
     until a kind the helper claimed (the kinds before it are the helper's too); each is
     saved to `store`, where both processes' later loads find it. Returns how many kinds
     were taken. `models`: the helper's jobs with this process's loaded model of each."""
-    from gateway.engine.compiled import compiled_model, kind, stored, warm_kinds
+    from gateway.engine.compiled import compiled_model, left_to_other, step_paths
 
     claim = claimer(claims)
     taken = 0
     for lm, job in reversed(models):
-        names = [kind(b, t) for b, t in warm_kinds(job.rows)]
-        for name in reversed([n for n in names if not job.kinds or n in job.kinds]):
-            one = frozenset({name})
-            if stored(lm, job.rows, job.draft, store, one, job.prefill_chunk):
-                continue  # stored (by the helper, or by an earlier start): nothing to take
-            granted: list[str] = []
-
-            def ask(step: str, _granted: list[str] = granted) -> bool:
-                if claim(step):
-                    _granted.append(step)
-                    return True
-                return False
-
-            compiled_model(
-                lm, job.rows, job.draft, progress=progress, store=store, kinds=one,
-                prefill_chunk=job.prefill_chunk, claim=ask,
-            )  # fmt: skip
-            if not granted:
+        paths = step_paths(lm, job.rows, job.draft, store, job.prefill_chunk)
+        for name, path in reversed(paths.items()):
+            if (job.kinds and name not in job.kinds) or path.exists():
+                continue  # not the job's, or stored (by the helper, or by an earlier start)
+            if not claim(path.name):
+                progress(left_to_other(lm.path, name))
                 return taken  # the helper is compiling it: what comes before is its own
+            compiled_model(
+                lm, job.rows, job.draft, progress=progress, store=store,
+                kinds=frozenset({name}), prefill_chunk=job.prefill_chunk,
+            )  # fmt: skip
             taken += 1
     return taken
 
