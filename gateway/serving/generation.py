@@ -27,7 +27,7 @@ from gateway.engine import (
     Grammar,
     KPrior,
 )
-from gateway.engine.constraints.json_schema import ConstraintError, validate_output
+from gateway.engine.constraints.json_schema import ConstraintError
 from gateway.serving.audit_map import refused_record, served_record
 from gateway.serving.choices import merged_events, merged_result, seed_of
 from gateway.serving.commands import Generate, Principal, RequestMeta
@@ -39,7 +39,7 @@ from gateway.serving.prepare import Prepared, prepare
 from gateway.serving.ratelimit import Limiter, Quota, Ticket
 from gateway.serving.recorder import Recorder
 from gateway.serving.rollouts import RolloutTraffic
-from gateway.serving.tool_output import ParsedCall, check_calls, read_calls
+from gateway.serving.tool_output import ParsedCall, check_output, read_calls
 from gateway.serving.tracing import RunTimings, Tracing, decision_attributes
 from gateway.serving.worker import InferenceWorker, Job, Overloaded
 from policies import Decision, Load
@@ -142,7 +142,7 @@ class Generation:
             async for index, event in merged_events(self.service.worker, jobs):
                 choice = self.choices[index]
                 if isinstance(event, Finished):
-                    self._check_constraint(choice, event.result)
+                    await self._check_constraint(choice, event.result)
                     choice.result = event.result
                     continue
                 if self.first_token_at is None:
@@ -152,17 +152,17 @@ class Generation:
         except EngineError as exc:
             raise invalid(str(exc)) from exc
 
-    def _check_constraint(self, choice: Choice, result: DecodeResult) -> None:
+    async def _check_constraint(self, choice: Choice, result: DecodeResult) -> None:
         """A grammar-complete output must validate before it is returned (defence in depth:
-        the mask already guarantees it). Cut short (length, stop string): no claim is made."""
+        the mask already guarantees it). Cut short (length, stop string): no claim is made.
+        Validation runs off the event loop, within a time budget (tool_output.check_output)."""
         grammar = choice.grammar
         if grammar is None or not grammar.is_complete():
             return
+        schema = self.prepared.schema
+        tools = schema["tools"] if self.calls_tools and schema is not None else None
         try:
-            if self.calls_tools and self.prepared.schema is not None:
-                check_calls(result.text, self.prepared.schema["tools"])
-            else:
-                validate_output(result.text, self.prepared.schema)
+            await check_output(result.text, schema, tools)
         except ConstraintError as exc:
             raise GatewayError(
                 "internal",

@@ -11,21 +11,30 @@ parser, so a stream and a full response of the same output always agree.
   closing ``}`` of the wrapper and the closing tag are held back and never sent).
 
 `finish()` flushes what was held back (an output cut short by max_tokens or a stop string).
+
+`check_output` validates a finished output (tool calls or a response_format document) in a
+helper thread under a time budget, so a costly schema never blocks the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.engine.constraints.json_schema import ConstraintError, validate_output
 from gateway.engine.constraints.tool_calls import CLOSE, OPEN, SEPARATOR
+from gateway.serving.errors import invalid
 
 Event = tuple[str, int, str] | tuple[str, str]
 _HEAD = re.compile(r'\{"name":"([A-Za-z0-9_-]{1,64})","arguments":')
 _END = "}" + CLOSE
 _NEXT = SEPARATOR + OPEN
+VALIDATION_BUDGET_S = 0.5
+"""Most seconds the validation of one finished output may take (it runs in a helper thread;
+with RE2 for the regexes it takes milliseconds): past it the request is refused with a 400
+(code schema_validation_timeout) instead of the event loop waiting."""
 
 
 def _held(buf: str, marker: str) -> int:
@@ -124,3 +133,29 @@ def check_calls(text: str, parameters: dict[str, dict[str, Any]]) -> None:
         if call.name not in parameters:
             raise ConstraintError(f"the output calls an unknown function {call.name!r}")
         validate_output(call.arguments, parameters[call.name])
+
+
+async def check_output(
+    text: str,
+    schema: dict[str, Any] | None,
+    tools: dict[str, dict[str, Any]] | None = None,
+    budget_s: float = VALIDATION_BUDGET_S,
+) -> None:
+    """`check_calls` (``tools``: the parameters schema of each tool) or `validate_output`
+    (``schema``) in a helper thread, off the event loop. ConstraintError as they raise it;
+    a validation still running after ``budget_s`` is a 400 naming response_format (tools)
+    with code schema_validation_timeout (its thread ends on its own, bounded by the output)."""
+    work = (
+        asyncio.to_thread(check_calls, text, tools)
+        if tools is not None
+        else asyncio.to_thread(validate_output, text, schema)
+    )
+    try:
+        await asyncio.wait_for(work, timeout=budget_s)
+    except TimeoutError:
+        raise invalid(
+            f"the output could not be validated against its schema within {budget_s} s; "
+            "simplify the schema",
+            "tools" if tools is not None else "response_format",
+            code="schema_validation_timeout",
+        ) from None

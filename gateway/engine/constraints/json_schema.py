@@ -1,4 +1,4 @@
-"""JSON-schema constraints with llguidance: compile once per schema, one Grammar per request.
+r"""JSON-schema constraints with llguidance: compile once per schema, one Grammar per request.
 
 Guarantees:
 - `compile_json_grammar` either returns a grammar that enforces EVERY assertion keyword of
@@ -15,7 +15,12 @@ Guarantees:
   undo), EOS is tracked here and never handed to the matcher (Pitfall 1: llguidance does not
   count an EOS consumed after completion, so a later rollback would undo one token too
   many), and rollback(n) restores exactly the state after the kept tokens, masks included.
-- `validate_output` checks a finished output with jsonschema, independently of llguidance.
+- `validate_output` checks a finished output with jsonschema, independently of llguidance,
+  in time linear in the output: the regex keywords (pattern, patternProperties and the
+  additionalProperties that depends on them) match with RE2 (google-re2), never Python's
+  backtracking `re` (`^(?:(a|a)*[^\s\S]|a{40})$` would take hours there). A schema's
+  patterns are checked when it is compiled: each RE2 must compile it and each is at most
+  MAX_PATTERN_CHARS long, all of them together at most MAX_PATTERNS_CHARS.
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import llguidance
 import llguidance.hf
 import numpy as np
+import re2  # type: ignore[import-untyped]
 import torch
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
@@ -51,6 +58,12 @@ JSON_OPTIONS: Final[JsonCompileOptions] = {
 GRAMMAR_CACHE_SIZE = 128
 TOKENIZER_CACHE_SIZE = 8
 MASK_WINDOW = 128  # masks kept for the last positions (> the engine's largest k)
+MAX_PATTERN_CHARS: Final = 1_000
+"""Longest regex of one `pattern` value or `patternProperties` key (RE2's compile time and
+memory grow with it; 1,000 characters is far beyond any real field format)."""
+MAX_PATTERNS_CHARS: Final = 10_000
+"""Most characters of all the regexes of one schema together."""
+PATTERN_CACHE_SIZE = 512
 
 
 # Every keyword of JSON Schema drafts 4 to 2020-12, by where its subschemas sit.
@@ -118,6 +131,76 @@ def check_size(schema: Any) -> None:
                     f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays"
                 )
             stack.extend((child, depth + 1) for child in children)
+
+
+def schema_patterns(schema: Any, path: str = "#") -> Iterator[tuple[str, Any]]:
+    """(JSON pointer, regex) of every `pattern` value and `patternProperties` key, walking
+    only schema positions (a property named "pattern" is not one). Call after check_size."""
+    if not isinstance(schema, dict):
+        return
+    for key, value in schema.items():
+        here = f"{path}/{key}"
+        if key == "pattern":
+            yield here, value
+        elif key == "patternProperties" and isinstance(value, dict):
+            for name in value:
+                yield f"{here}/{name}", name
+        if key in _ONE_SCHEMA:
+            yield from schema_patterns(value, here)
+        elif key in _SCHEMA_MAP or key == "dependencies":
+            for name, sub in value.items() if isinstance(value, dict) else ():
+                yield from schema_patterns(sub, f"{here}/{name}")
+        elif key in _SCHEMA_LIST or key == "items":
+            subs = value if isinstance(value, list) else [value]
+            for i, sub in enumerate(subs):
+                yield from schema_patterns(sub, f"{here}/{i}" if isinstance(value, list) else here)
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a refused pattern is the client's 400, not a log line
+_patterns: OrderedDict[str, Any] = OrderedDict()
+
+
+def _re2(pattern: str) -> Any:
+    """The RE2 of a schema regex (LRU cached); ConstraintError if RE2 cannot compile it."""
+    with _lock:
+        hit = _patterns.get(pattern)
+        if hit is not None:
+            _patterns.move_to_end(pattern)
+            return hit
+    try:
+        compiled = re2.compile(pattern, options=_RE2_OPTIONS)
+    except re2.error as exc:
+        message = exc.args[0].decode(errors="replace") if exc.args else str(exc)
+        raise ConstraintError(f"the regex {pattern!r} is not supported: {message}") from None
+    with _lock:
+        _patterns[pattern] = compiled
+        while len(_patterns) > PATTERN_CACHE_SIZE:
+            _patterns.popitem(last=False)
+    return compiled
+
+
+def check_patterns(schema: Any) -> None:
+    """ConstraintError unless every regex of the schema is a string of at most
+    MAX_PATTERN_CHARS that RE2 compiles, MAX_PATTERNS_CHARS in all."""
+    total = 0
+    for where, pattern in schema_patterns(schema):
+        if not isinstance(pattern, str):
+            continue  # the meta-schema check names it
+        if len(pattern) > MAX_PATTERN_CHARS:
+            raise ConstraintError(
+                f"the regex at {where} has {len(pattern)} characters; "
+                f"at most {MAX_PATTERN_CHARS} are allowed"
+            )
+        total += len(pattern)
+        if total > MAX_PATTERNS_CHARS:
+            raise ConstraintError(
+                f"the schema's regexes have more than {MAX_PATTERNS_CHARS} characters in all"
+            )
+        try:
+            _re2(pattern)
+        except ConstraintError as exc:
+            raise ConstraintError(f"{exc} (at {where})") from None
 
 
 def _check_schema(schema: dict[str, Any]) -> None:
@@ -201,6 +284,7 @@ def check_enforceable(schema: dict[str, Any]) -> None:
             f"unknown or refused JSON schema keyword(s), not enforced: {', '.join(unknown)}"
         )
     _check_schema(schema)
+    check_patterns(schema)
 
 
 def _cached(tokenizer: Any, vocab_size: int, digest: str) -> CompiledGrammar | None:
@@ -378,10 +462,77 @@ class JsonGrammar:
         return node.complete
 
 
+def _search(pattern: str, text: str) -> bool:
+    return _re2(pattern).search(text) is not None
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "string") and not _search(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for k, v in instance.items():
+            if _search(pattern, k):
+                yield from validator.descend(v, subschema, path=k, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, aP: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    extras = [
+        k for k in instance if k not in properties and not any(_search(p, k) for p in patterns)
+    ]
+    if validator.is_type(aP, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], aP, path=extra)
+    elif not aP and extras:
+        joined = ", ".join(repr(each) for each in sorted(extras))
+        if patterns:
+            listed = ", ".join(repr(each) for each in sorted(patterns))
+            yield ValidationError(f"{joined} do(es) not match any of the regexes: {listed}")
+        else:
+            yield ValidationError(f"Additional properties are not allowed ({joined} unexpected)")
+
+
+_RE2_VALIDATORS: dict[Any, Any] = {}
+
+
+def _re2_validator(cls: Any) -> Any:
+    """`cls` (a jsonschema validator class) with its regex keywords matched by RE2."""
+    import jsonschema
+
+    with _lock:
+        extended = _RE2_VALIDATORS.get(cls)
+        if extended is None:
+            extended = jsonschema.validators.extend(
+                cls,
+                {
+                    "pattern": _pattern,
+                    "patternProperties": _pattern_properties,
+                    "additionalProperties": _additional_properties,
+                },
+            )
+            _RE2_VALIDATORS[cls] = extended
+    return extended
+
+
 def validate_output(text: str, schema: dict[str, Any] | None) -> None:
     """Raise ConstraintError unless `text` is one JSON document valid under `schema`
     (None: any JSON object). Uses jsonschema (the schema's $schema, else Draft 2020-12,
-    formats checked where jsonschema can), independent of the grammar that produced it."""
+    formats checked where jsonschema can) with RE2 for the regex keywords, independent of
+    the grammar that produced it. A regex RE2 cannot compile is a ConstraintError (the
+    grammar's compile refuses such a schema first). Runs in a helper thread, not the event
+    loop (`gateway.serving.tool_output.check_output`)."""
     import jsonschema
 
     try:
@@ -393,7 +544,7 @@ def validate_output(text: str, schema: dict[str, Any] | None) -> None:
             raise ConstraintError(f"the output is JSON but not an object: {type(doc).__name__}")
         return
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    validator = _re2_validator(cls)(schema, format_checker=cls.FORMAT_CHECKER)
     error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
     if error is not None:
         raise ConstraintError(
@@ -402,13 +553,17 @@ def validate_output(text: str, schema: dict[str, Any] | None) -> None:
 
 
 __all__ = [
+    "MAX_PATTERNS_CHARS",
+    "MAX_PATTERN_CHARS",
     "CompiledGrammar",
     "ConstraintError",
     "JsonGrammar",
     "canonical_schema",
     "check_enforceable",
+    "check_patterns",
     "compile_grammar_text",
     "compile_json_grammar",
+    "schema_patterns",
     "unknown_keywords",
     "validate_output",
 ]
