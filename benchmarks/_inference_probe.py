@@ -34,7 +34,7 @@ from gateway.asgi import create_app
 from gateway.engine import LoadedModel, load_model
 from gateway.settings import Settings
 
-ADMIN = {"authorization": "Bearer sk-admin-probe"}
+ADMIN = {"authorization": "Bearer sk-admin-probe-local"}
 TARGET = "demo-code-target"
 PREFILL, STEPS, ROUNDS = 32, 40, 5
 
@@ -97,7 +97,7 @@ def foreign_pools(before: set[int], inference: str) -> list[str]:
 async def gateway(var: Path, spoil: bool) -> dict[str, Any]:
     settings = Settings(
         database_url=f"sqlite+aiosqlite:///{var}/probe.db",
-        admin_key="sk-admin-probe",
+        admin_key="sk-admin-probe-local",
         models=str(MANIFEST),
         var_dir=str(var),
         log_level="warning",

@@ -17,7 +17,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "models_registry" / "demo" / "manifest.yaml"
-ADMIN_KEY = "sk-admin-bench"
+ADMIN_KEY = "sk-admin-bench-local"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
