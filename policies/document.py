@@ -74,6 +74,23 @@ class RateLimits:
 
 
 @dataclass(frozen=True)
+class Fairness:
+    """The tenant's share of the inference worker (serving/fairness.py): admission into the
+    batch and the queue goes to the backlogged tenant with the fewest weighted tokens
+    served (a virtual token counter); the caps bound what one tenant holds at once.
+    None: the gateway's default (see policies/README.md)."""
+
+    weight: float
+    """Relative share: a tenant of weight 2 is served twice the tokens of one of weight 1
+    while both wait."""
+    max_concurrent_requests: int | None
+    max_rows: int | None
+    """Rows of a target's batch the tenant's requests may hold at once."""
+    max_queued: int | None
+    """Jobs (one per choice) the tenant may have waiting for a row."""
+
+
+@dataclass(frozen=True)
 class TokenLists:
     allowed_token_ids: tuple[int, ...]
     """Empty: no allow-list."""
@@ -94,6 +111,7 @@ class TenantPolicy:
     """0: never store prompt or completion text."""
     rate_limits: RateLimits
     tokens: TokenLists
+    fairness: Fairness
 
 
 def parse_policy(doc: Mapping[str, Any]) -> TenantPolicy:
@@ -144,6 +162,12 @@ def parse_policy(doc: Mapping[str, Any]) -> TenantPolicy:
         tokens=TokenLists(
             allowed_token_ids=tuple(doc["tokens"]["allowed_token_ids"]),
             banned_token_ids=tuple(doc["tokens"]["banned_token_ids"]),
+        ),
+        fairness=Fairness(
+            weight=float(doc["fairness"]["weight"]),
+            max_concurrent_requests=doc["fairness"]["max_concurrent_requests"],
+            max_rows=doc["fairness"]["max_rows"],
+            max_queued=doc["fairness"]["max_queued"],
         ),
     )
 

@@ -25,6 +25,7 @@ NON_NEGATIVE: Schema = {"type": "number", "minimum": 0}
 COUNT: Schema = {"type": "integer", "minimum": 0}
 TOKEN_IDS: Schema = {"type": "array", "items": COUNT, "uniqueItems": True}
 PER_MINUTE: Schema = {"type": ["integer", "null"], "minimum": 1}
+CAP: Schema = {"type": ["integer", "null"], "minimum": 1}
 
 
 def _obj(properties: dict[str, Schema], *, optional: Sequence[str] = ()) -> Schema:
@@ -96,6 +97,14 @@ def _document_properties() -> dict[str, Schema]:
             }
         ),
         "tokens": _obj({"allowed_token_ids": TOKEN_IDS, "banned_token_ids": TOKEN_IDS}),
+        "fairness": _obj(
+            {
+                "weight": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000},
+                "max_concurrent_requests": CAP,
+                "max_rows": CAP,
+                "max_queued": CAP,
+            }
+        ),
     }
 
 

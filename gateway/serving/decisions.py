@@ -37,7 +37,8 @@ from policies import (
     decide,
     update_history,
 )
-from policies.bundle import thaw
+from policies.bundle import PolicyBundle, load_bundle_dir, thaw
+from policies.document import Fairness
 
 log = logging.getLogger("gateway.policy")
 GLOBAL = "*"
@@ -55,6 +56,7 @@ class Plan:
     banned_token_ids: tuple[int, ...]
     retention_days: int
     ewma_alpha: float
+    fairness: Fairness
 
 
 DraftChooser = Callable[[str, str, str, Callable[[str], bool]], str | None]
@@ -226,6 +228,7 @@ class PolicyService:
             banned_token_ids=policy.tokens.banned_token_ids,
             retention_days=policy.payload_retention_days,
             ewma_alpha=policy.auto.ewma_alpha,
+            fairness=policy.fairness,
         )
 
     async def observe(self, plan: Plan, result: DecodeResult | None) -> None:
@@ -287,14 +290,33 @@ class PolicyService:
         return {"tenant": tenant, **activation.to_dict()}
 
     async def reload(self, actor: str) -> dict[str, Any]:
+        """Re-read the policy files and put the tenant documents stored through the API back
+        over them, as a start does (``start``: the files, then ``refresh_policies``): a
+        stored document wins over the file of the same tenant, until the tenant's next put.
+        A refusal (a file, or a stored document against the new default) changes nothing."""
         try:
-            activation = self.policies.load_dir(self.policy_dir)
+            files = load_bundle_dir(self.policy_dir)
+            activation = self.policies.activate(
+                self._with_stored(files), f"load_dir:{self.policy_dir}"
+            )
         except PolicyError as exc:
             raise invalid(
-                f"the policy files were refused, the active bundle stays: {exc}"
+                "the policy files (with the tenant documents stored through the API over "
+                f"them) were refused, the active bundle stays: {exc}"
             ) from None
         await self._event(actor, "policy.activated", "bundle", activation)
         return activation.to_dict()
+
+    def _with_stored(self, files: PolicyBundle) -> PolicyBundle:
+        """The files' bundle with the stored tenant documents in force here over it: those
+        of the tenants whose stored version this replica applied (``_versions``: put here,
+        or read by ``refresh_policies``), taken from the active bundle."""
+        active = self.policies.active
+        tenants = {t: thaw(d) for t, d in files.tenants.items()}
+        for tenant in self._versions:
+            if tenant in active.tenants:
+                tenants[tenant] = thaw(active.tenants[tenant])
+        return build_bundle(thaw(files.default), tenants)
 
     async def resolve(self, body: dict[str, Any], depth: int) -> dict[str, Any]:
         tenant = body.get("tenant")

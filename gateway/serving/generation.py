@@ -33,11 +33,12 @@ from gateway.serving.choices import merged_events, merged_result, seed_of
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.decisions import Plan, PolicyService
 from gateway.serving.errors import STATUS_OF_KIND, GatewayError, invalid
+from gateway.serving.fairness import FAIR_WAIT, RequestSlots, share_of
 from gateway.serving.models import DraftHandle, ModelPool
 from gateway.serving.outcome import Outcome
 from gateway.serving.prepare import Prepared, prepare
 from gateway.serving.ratelimit import Limiter, Quota, Ticket
-from gateway.serving.recorder import Recorder
+from gateway.serving.recorder import Observed, Recorder
 from gateway.serving.rollouts import RolloutTraffic
 from gateway.serving.tool_output import ParsedCall, check_output, read_calls
 from gateway.serving.tracing import RunTimings, Tracing, decision_attributes
@@ -98,6 +99,16 @@ class Generation:
         return self.plan.decision
 
     @property
+    def recorded_decision(self) -> Decision:
+        """The decision as the audit record keeps it: with `fairness.waited` among its
+        reasons when a row of this request was held back so that another tenant's ran first
+        (the worker's fair admission, serving/fairness.py)."""
+        d = self.plan.decision
+        if any(c.job.fair_wait for c in self.choices):
+            return replace(d, reason_codes=(*d.reason_codes, FAIR_WAIT))
+        return d
+
+    @property
     def mode(self) -> str:
         return str(self.plan.decision.mode)
 
@@ -151,6 +162,10 @@ class Generation:
                 yield index, event
         except EngineError as exc:
             raise invalid(str(exc)) from exc
+        except Overloaded as exc:  # queued past its tenant's share, evicted for another's
+            raise GatewayError(
+                "overloaded", str(exc), code="overloaded", retry_after=exc.retry_after
+            ) from exc
 
     async def _check_constraint(self, choice: Choice, result: DecodeResult) -> None:
         """A grammar-complete output must validate before it is returned (defence in depth:
@@ -208,7 +223,9 @@ class GenerationService:
         recorder: Recorder,
         tracing: Tracing | None = None,
         prefix_cache: bool = True,
+        slots: RequestSlots | None = None,
     ) -> None:
+        self.slots = slots or RequestSlots()  # each tenant's requests in flight, capped
         self.tracing = tracing or Tracing(None)
         self.prefix_cache = prefix_cache  # rows reuse their tenant's kept prompt prefixes
         self.pool = pool
@@ -245,6 +262,7 @@ class GenerationService:
 
     async def finish(self, gen: Generation, outcome: Outcome) -> None:
         """7. The one way back, in order: limits, audit record, rollout guard, history."""
+        self.slots.release(gen.principal.tenant_id)
         result = gen.result
         await self.limiter.settle(
             gen.ticket, len(gen.prompt_ids) + (len(result.token_ids) if result else 0)
@@ -252,7 +270,7 @@ class GenerationService:
         completion = gen.completion_text
         record = served_record(
             meta=gen.meta, principal=gen.principal, cmd=gen.command, status=outcome.status,
-            error=outcome.error, decision=gen.plan.decision, target=gen.prepared.entry,
+            error=outcome.error, decision=gen.recorded_decision, target=gen.prepared.entry,
             draft=gen.draft.entry if gen.draft else None, prompt_text=gen.prepared.prompt_text,
             prompt_tokens=len(gen.prompt_ids), result=result, completion_text=completion,
             first_token_at=gen.first_token_at,
@@ -275,8 +293,15 @@ class GenerationService:
         error: GatewayError,
     ) -> None:  # fmt: skip
         """The audit record of a request refused before it ran (the client gets `error`
-        whether or not this write succeeds)."""
+        whether or not this write succeeds). A caller that did not authenticate (no
+        principal: no key, a wrong, revoked or expired one) is not chained: anyone could
+        grow the audit table with such calls. The listeners still see its record (metrics
+        count it as gateway_unauthenticated_requests_total, the request log has its line)."""
         record = refused_record(meta, principal, cmd, STATUS_OF_KIND[error.kind], error)
+        if principal is None:
+            for listener in self.recorder.listeners:
+                listener(Observed(record))
+            return
         await self.recorder.record(record, None, None, best_effort=True)
 
     # -- the steps ------------------------------------------------------------------------
@@ -329,6 +354,12 @@ class GenerationService:
         speculative = decision.mode == "speculative"
         draft = None
         choices: list[Choice] = []
+        share = share_of(tenant, plan.fairness)
+        try:
+            self.slots.acquire(tenant, plan.fairness.max_concurrent_requests)
+        except GatewayError:
+            await self.limiter.settle(ticket, 0)
+            raise
         try:
             if speculative and decision.proposer == "draft":
                 assert decision.draft_version is not None
@@ -357,19 +388,20 @@ class GenerationService:
                     cache_scope=tenant if self.prefix_cache else None,
                 )
                 model = draft.model if draft else None
-                job = self.worker.submit_decode(prepared.engine, request, model)
+                job = self.worker.submit_decode(prepared.engine, request, model, share)
                 choices.append(Choice(i, job, grammar))
         except Overloaded as exc:
-            await self._abandon(choices, ticket)
+            await self._abandon(choices, ticket, tenant)
             raise GatewayError(
                 "overloaded", str(exc), code="overloaded", retry_after=exc.retry_after
             ) from exc
         except BaseException:
-            await self._abandon(choices, ticket)
+            await self._abandon(choices, ticket, tenant)
             raise
         return draft, choices
 
-    async def _abandon(self, choices: list[Choice], ticket: Ticket) -> None:
+    async def _abandon(self, choices: list[Choice], ticket: Ticket, tenant: str) -> None:
+        self.slots.release(tenant)
         for c in choices:
             c.job.cancelled.set()
         await self.limiter.settle(ticket, 0)

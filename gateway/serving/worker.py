@@ -29,7 +29,6 @@ frees its row.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import ctypes
 import queue
@@ -43,18 +42,14 @@ from typing import Any, TypeVar
 from gateway.engine import DecodeRequest, Engine, Finished, LoadedModel
 from gateway.engine.batch.scheduler import Batch, Event
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
+from gateway.engine.schema import Delta
+from gateway.serving.fairness import SYSTEM, FairQueue, Overloaded, Share
+
+__all__ = ["InferenceWorker", "Job", "Overloaded", "Share", "batch_rows"]
 
 T = TypeVar("T")
 _DONE = object()
-
-
-class Overloaded(Exception):
-    """The queue is full; retry after ``retry_after`` seconds."""
-
-    def __init__(self, depth: int, retry_after: int = 1) -> None:
-        super().__init__(f"the inference queue is full ({depth} waiting); retry shortly")
-        self.depth = depth
-        self.retry_after = retry_after
+_WAKE = object()  # a job was queued: the worker thread looks at the fair queue
 
 
 @dataclass(frozen=True)
@@ -74,6 +69,11 @@ class Job:
     make: Callable[[Callable[[], bool]], Iterator[Any]] | None
     loop: asyncio.AbstractEventLoop
     decode: Decode | None = None
+    share: Share = SYSTEM
+    """Whose job this is and what the tenant's policy grants it (serving/fairness.py)."""
+    fair_wait: bool = False
+    """Held back while a row was free so that another tenant's job ran first (or its tenant
+    held its row cap): the request's record says so."""
     out: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted_ns: int = field(default_factory=time.time_ns)
@@ -174,8 +174,8 @@ class InferenceWorker:
         self.max_batch = max_batch
         self.kv_budget_tokens = kv_budget_tokens
         self._on_start = on_start
-        self._inbox: queue.Queue[Job | _Call | None] = queue.Queue()
-        self._waiting = 0
+        self._inbox: queue.Queue[object] = queue.Queue()
+        self.fair = FairQueue(capacity, max_batch)
         self._active = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -205,26 +205,40 @@ class InferenceWorker:
     @property
     def depth(self) -> int:
         """Requests waiting plus running: the load the policy engine sees."""
-        return self._waiting + self._active
+        return self.fair.waiting + self._active
 
-    def submit(self, make: Callable[[Callable[[], bool]], Iterator[Any]]) -> Job:
+    def submit(
+        self, make: Callable[[Callable[[], bool]], Iterator[Any]], share: Share = SYSTEM
+    ) -> Job:
         """Queue a job; ``make(cancelled)`` builds its step iterator in the worker thread."""
-        return self._enqueue(Job(make=make, loop=asyncio.get_running_loop()))
+        return self._enqueue(Job(make=make, loop=asyncio.get_running_loop(), share=share))
 
     def submit_decode(
-        self, engine: Engine, request: DecodeRequest, draft: LoadedModel | None = None
+        self,
+        engine: Engine,
+        request: DecodeRequest,
+        draft: LoadedModel | None = None,
+        share: Share = SYSTEM,
     ) -> Job:
         """Queue a request as a row of its engine's continuous batch (validated, and its
-        loop wired, by ``engine.prepare`` on the worker thread)."""
+        loop wired, by ``engine.prepare`` on the worker thread), in its tenant's turn."""
         loop = asyncio.get_running_loop()
-        return self._enqueue(Job(make=None, loop=loop, decode=Decode(engine, request, draft)))
+        decode = Decode(engine, request, draft)
+        return self._enqueue(Job(make=None, loop=loop, decode=decode, share=share))
 
     def _enqueue(self, job: Job) -> Job:
-        with self._lock:
-            if self._waiting >= self.capacity:
-                raise Overloaded(self._waiting)
-            self._waiting += 1
-        self._inbox.put(job)
+        """Into the fair queue (Overloaded when the tenant holds its cap or its share of a
+        full queue); a job evicted for it ends with Overloaded, a 503 to its tenant."""
+        evicted = self.fair.offer(job)
+        if evicted is not None:
+            evicted.finished_ns = time.time_ns()
+            exc = Overloaded(self.fair.waiting, detail=(
+                f"the inference queue is full and tenant {evicted.share.tenant} holds more "
+                "than its share of it; retry shortly"
+            ))  # fmt: skip
+            for item in (exc, _DONE):
+                evicted.loop.call_soon_threadsafe(evicted.out.put_nowait, item)
+        self._inbox.put(_WAKE)
         return job
 
     async def call(self, fn: Callable[[], T]) -> T:
@@ -257,16 +271,15 @@ class InferenceWorker:
         name_os_thread(self._thread.name)
         if self._on_start is not None:
             self._on_start()
-        waiting: collections.deque[Job] = collections.deque()
         active: list[tuple[Job, Iterator[Any]]] = []
         batches = _Batches(
             self.max_batch, self.kv_budget_tokens, self.prefill_chunk, self.prefill_budget
         )
         stopping = False
         while True:
-            # 1. Take what arrived: calls run now, jobs join the waiting line. Block only
-            #    when there is nothing to step.
-            idle = not active and not batches.rows and not waiting and not stopping
+            # 1. Take what arrived: calls run now (jobs are in the fair queue already). Block
+            #    only when there is nothing to step.
+            idle = not active and not batches.rows and not self.fair.waiting and not stopping
             while True:
                 try:
                     item = self._inbox.get(block=idle)
@@ -277,12 +290,11 @@ class InferenceWorker:
                     stopping = True
                 elif isinstance(item, _Call):
                     item.run()
-                else:
-                    waiting.append(item)
-            # 2. Admit waiting jobs into free slots (after a stop, only those accepted).
-            self._admit(waiting, active, batches)
+            # 2. Admit waiting jobs into free slots, each tenant in its turn (after a stop,
+            #    only those accepted).
+            self._admit(active, batches)
             if not active and not batches.rows:
-                if stopping and not waiting:
+                if stopping and not self.fair.waiting:
                     return
                 continue
             # 3. One step of every batch (all its rows together), then of every other job;
@@ -293,6 +305,8 @@ class InferenceWorker:
                     if isinstance(event, Exception):
                         self._finish(job, event, out)
                         break
+                    if isinstance(event, Delta):
+                        self.fair.charge(job.share, output_tokens=len(event.token_ids))
                     out.add(job, event)
                     if isinstance(event, Finished):
                         self._finish(job, _DONE, out)
@@ -312,34 +326,39 @@ class InferenceWorker:
             out.flush()
             active = still
 
-    def _admit(
-        self, waiting: collections.deque[Job], active: list[tuple[Job, Iterator[Any]]],
-        batches: _Batches,
-    ) -> None:  # fmt: skip
-        """FIFO, skipping a job whose batch is full (others may still fit)."""
-        kept: collections.deque[Job] = collections.deque()
-        failed = _Outbox()
-        while waiting:
-            job = waiting.popleft()
-            if len(active) + batches.rows >= self.max_active or (
-                job.decode is not None and not batches.has_room(job.decode.engine)
-            ):
-                kept.append(job)
-                continue
+    def _admit(self, active: list[tuple[Job, Iterator[Any]]], batches: _Batches) -> None:
+        """Fill free slots from the fair queue (serving/fairness.py): the tenant with the
+        fewest weighted tokens served first, skipping jobs whose batch is full (others may
+        still fit); jobs cancelled while waiting end without running."""
+        out = _Outbox()
+
+        def fits(job: Job) -> bool:
+            return job.decode is None or batches.has_room(job.decode.engine)
+
+        while True:
+            job, dropped = (
+                self.fair.pick(fits)
+                if len(active) + batches.rows < self.max_active
+                else (None, self.fair.pick(lambda _: False)[1])
+            )
+            for gone in dropped:
+                gone.finished_ns = time.time_ns()
+                out.add(gone, _DONE)
+            if job is None:
+                break
             with self._lock:
-                self._waiting -= 1
                 self._active += 1
             job.admitted_ns = time.time_ns()
             try:
                 if job.decode is not None:
                     batches.add(job)
+                    self.fair.charge(job.share, prompt_tokens=len(job.decode.request.prompt_ids))
                 else:
                     assert job.make is not None
                     active.append((job, job.make(job.cancelled.is_set)))
             except BaseException as exc:
-                self._finish(job, exc, failed)
-        failed.flush()
-        waiting.extend(kept)
+                self._finish(job, exc, out)
+        out.flush()
 
     def _close(self, job: Job, steps: Iterator[Any], out: _Outbox) -> None:
         close = getattr(steps, "close", None)
@@ -350,6 +369,7 @@ class InferenceWorker:
     def _finish(self, job: Job, item: Any, out: _Outbox) -> None:
         with self._lock:
             self._active -= 1
+        self.fair.release(job.share)
         job.finished_ns = time.time_ns()
         out.add(job, item)
 

@@ -1,0 +1,240 @@
+"""Fair sharing of the inference worker across tenants.
+
+One tenant's requests, inside its limits, must not slow, starve or stop another's. Three
+mechanisms, each bounded by the tenant's policy (`fairness` in its document):
+
+- **Caps.** A tenant holds at most `max_concurrent_requests` requests in flight
+  (`RequestSlots`, a 429 past it), `max_rows` rows of the batches and `max_queued` jobs
+  waiting for a row (`FairQueue`, a 503 to that tenant past it). The default row cap leaves
+  at least one row of a full batch to the others, so an arrival of another tenant never waits
+  for a long request to end.
+- **Fair admission (VTC).** When a row frees, it goes to the backlogged tenant with the
+  fewest virtual tokens served (the Virtual Token Counter of Sheng et al., "Fairness in
+  Serving Large Language Models", OSDI 2024): each tenant's counter grows by its weighted
+  tokens (prompt tokens x 1, output tokens x 2, as in the paper) divided by its policy
+  `weight`. A tenant that starts waiting after being idle has its counter lifted to the
+  least counter of the tenants being served, so idleness banks no credit. Between two
+  tenants that stay backlogged, the counters part by at most what one admission adds before
+  the other is picked again: one request row's weighted tokens (prompt + 2 x max_tokens)
+  over its weight, the paper's bound with one row per admission.
+- **Share-aware refusals.** A full queue refuses the arrival only when its tenant holds at
+  least its equal share of the queue (capacity / backlogged tenants); otherwise the newest
+  job of the tenant holding the most jobs past its share is evicted (it ends with
+  ``Overloaded``, a 503 to that tenant) and the arrival takes its place.
+
+A job whose request was cancelled while it waited (client gone) is dropped at the next
+admission without running. The worker thread picks and charges; the event loop offers:
+both under one lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.serving.errors import GatewayError
+from policies.document import Fairness
+
+FAIR_WAIT = "fairness.waited"
+"""Reason code the audit record carries when a row of the request was held back so that
+another tenant's ran first (or because its tenant held its row cap while a row was free)."""
+PROMPT_WEIGHT = 1.0
+OUTPUT_WEIGHT = 2.0
+
+
+class Overloaded(Exception):
+    """The queue (or the tenant's share of it) is full; retry after ``retry_after`` s."""
+
+    def __init__(self, depth: int, retry_after: int = 1, detail: str | None = None) -> None:
+        super().__init__(detail or f"the inference queue is full ({depth} waiting); retry shortly")
+        self.depth = depth
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Share:
+    """A job's tenant and what its policy grants it on the worker. None: the worker's
+    default (see `FairQueue`)."""
+
+    tenant: str
+    weight: float = 1.0
+    max_rows: int | None = None
+    max_queued: int | None = None
+
+
+SYSTEM = Share("", weight=1.0, max_rows=1 << 30, max_queued=1 << 30)
+"""Jobs no tenant sent (the regression gate's replay): uncapped, but still in turn."""
+
+
+def share_of(tenant: str, fairness: Fairness) -> Share:
+    return Share(tenant, fairness.weight, fairness.max_rows, fairness.max_queued)
+
+
+def default_max_rows(max_batch: int) -> int:
+    """Three quarters of a batch, and at least one row fewer than all of it (one row when
+    the batch has one or two)."""
+    return max(1, min(max_batch - 1, math.ceil(max_batch * 3 / 4)))
+
+
+class Waiting(Protocol):
+    """What the queue reads of a job (serving/worker.py `Job`)."""
+
+    share: Share
+    submitted_ns: int
+    cancelled: threading.Event
+    fair_wait: bool
+
+
+class FairQueue:
+    """The jobs waiting for a row, per tenant, and each tenant's virtual tokens served."""
+
+    def __init__(self, capacity: int, max_batch: int) -> None:
+        self.capacity = capacity
+        self.default_rows = default_max_rows(max_batch)
+        self.default_queued = max(1, capacity // 2)
+        self._lock = threading.Lock()
+        self._queues: dict[str, collections.deque[Any]] = {}
+        self._served: dict[str, float] = collections.defaultdict(float)
+        self._running: dict[str, int] = collections.defaultdict(int)
+        self.waiting = 0
+
+    # -- event-loop side ----------------------------------------------------------------
+
+    def offer(self, job: Waiting) -> Any | None:
+        """Queue ``job``; returns the job evicted to make room (None if none). Raises
+        ``Overloaded`` when the job's tenant holds its cap or its share of a full queue."""
+        share = job.share
+        t = share.tenant
+        with self._lock:
+            queue = self._queues.setdefault(t, collections.deque())
+            cap = share.max_queued or self.default_queued
+            if len(queue) >= cap:
+                raise Overloaded(
+                    self.waiting,
+                    detail=f"tenant {t} already has {len(queue)} jobs waiting for the "
+                    f"inference worker, its cap ({cap}); retry shortly",
+                )
+            evicted = None
+            if self.waiting >= self.capacity:
+                evicted = self._evict_for(t)
+            if not queue and not self._running[t]:
+                self._lift(t)
+            queue.append(job)
+            self.waiting += 1
+            return evicted
+
+    def _evict_for(self, tenant: str) -> Any:
+        """The newest job of the tenant most past its equal share, or Overloaded when
+        `tenant` is itself at its share (or nobody is past theirs)."""
+        backlogged = {u for u, q in self._queues.items() if q} | {tenant}
+        share = self.capacity / len(backlogged)
+        mine = len(self._queues[tenant])
+        over = max(
+            (u for u in backlogged if u != tenant),
+            key=lambda u: len(self._queues[u]),
+            default=None,
+        )
+        if mine >= share or over is None or len(self._queues[over]) <= share:
+            raise Overloaded(self.waiting)
+        self.waiting -= 1
+        return self._queues[over].pop()
+
+    def _lift(self, tenant: str) -> None:
+        """A tenant starting to wait after idling: no credit banked while idle."""
+        active = [
+            self._served[u]
+            for u in set(self._queues) | set(self._running)
+            if u != tenant and (self._queues.get(u) or self._running.get(u))
+        ]
+        if active:
+            self._served[tenant] = max(self._served[tenant], min(active))
+
+    # -- worker-thread side -------------------------------------------------------------
+
+    def pick(self, fits: Callable[[Any], bool]) -> tuple[Any | None, list[Any]]:
+        """The next job to admit, and the cancelled jobs dropped from the queue. The next
+        job is the head of the backlogged tenant with the fewest virtual tokens served
+        (ties: the older head) that is under its row cap and ``fits`` (its batch has room)."""
+        with self._lock:
+            dropped = self._drop_cancelled()
+            heads = sorted(  # a tie (a counter just lifted) goes to the fewer rows held
+                (self._served[t], self._running[t], q[0].submitted_ns, t)
+                for t, q in self._queues.items()
+                if q
+            )
+            held: list[Any] = []
+            for *_, t in heads:
+                head = self._queues[t][0]
+                if not fits(head):
+                    continue
+                if self._running[t] >= (head.share.max_rows or self.default_rows):
+                    held.append(head)  # a row is free, but not for this tenant now
+                    continue
+                self._queues[t].popleft()
+                self.waiting -= 1
+                self._running[t] += 1
+                for other in held:
+                    other.fair_wait = True
+                for *_, u in heads:  # an older head FIFO would have taken first
+                    q = self._queues[u]
+                    if u != t and q and q[0].submitted_ns < head.submitted_ns and fits(q[0]):
+                        q[0].fair_wait = True
+                return head, dropped
+            for other in held:
+                other.fair_wait = True
+            return None, dropped
+
+    def _drop_cancelled(self) -> list[Any]:
+        dropped = []
+        for t, q in self._queues.items():
+            if any(j.cancelled.is_set() for j in q):
+                kept = collections.deque(j for j in q if not j.cancelled.is_set())
+                dropped += [j for j in q if j.cancelled.is_set()]
+                self._queues[t] = kept
+        self.waiting -= len(dropped)
+        return dropped
+
+    def charge(self, share: Share, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
+        """Tokens served to a tenant's row, weighted, over the tenant's weight."""
+        cost = PROMPT_WEIGHT * prompt_tokens + OUTPUT_WEIGHT * output_tokens
+        with self._lock:
+            self._served[share.tenant] += cost / share.weight
+
+    def release(self, share: Share) -> None:
+        """A running row of the tenant ended."""
+        with self._lock:
+            self._running[share.tenant] -= 1
+
+    def served(self, tenant: str) -> float:
+        with self._lock:
+            return self._served[tenant]
+
+
+class RequestSlots:
+    """Each tenant's requests in flight (started, not yet finished), capped by its policy's
+    `max_concurrent_requests`. Event-loop only."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, int] = collections.defaultdict(int)
+
+    def acquire(self, tenant: str, cap: int | None) -> None:
+        if cap is not None and self._held[tenant] >= cap:
+            raise GatewayError(
+                "rate_limited",
+                f"tenant {tenant} already has {self._held[tenant]} requests in flight, "
+                f"its limit ({cap}); retry when one finishes",
+                code="concurrency_limit_exceeded",
+                retry_after=1,
+            )
+        self._held[tenant] += 1
+
+    def release(self, tenant: str | None) -> None:
+        if tenant is not None and self._held.get(tenant, 0) > 0:
+            self._held[tenant] -= 1
+
+    def held(self, tenant: str) -> int:
+        return self._held.get(tenant, 0)
