@@ -50,44 +50,97 @@ class IncrementalDetokenizer:
         return str(self._tok.decode(ids, skip_special_tokens=True))
 
 
+class _StopMatcher:
+    """Knuth-Morris-Pratt over one stop string, fed one character at a time: ``state`` is
+    the length of the longest prefix of the stop string that the text fed so far ends with
+    (the stop string is found when it reaches its length). Amortized O(1) per character."""
+
+    __slots__ = ("fail", "state", "stop")
+
+    def __init__(self, stop: str) -> None:
+        self.stop = stop
+        self.state = 0
+        fail = [0] * len(stop)  # fail[i]: longest proper border of stop[: i + 1]
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = fail[k - 1]
+            if stop[i] == stop[k]:
+                k += 1
+            fail[i] = k
+        self.fail = fail
+
+    def feed(self, ch: str) -> bool:
+        """Advance by one character; True when the text now ends with the stop string."""
+        stop, st = self.stop, self.state
+        while st and stop[st] != ch:
+            st = self.fail[st - 1]
+        if stop[st] == ch:
+            st += 1
+        if st == len(stop):
+            self.state = self.fail[st - 1]
+            return True
+        self.state = st
+        return False
+
+
 class TextOutput:
-    """Accumulates decoded text, finds stop strings, and decides what may be streamed."""
+    """Accumulates decoded text, finds stop strings, and decides what may be streamed.
+
+    Linear in the output: each new character advances one KMP matcher per stop string
+    (amortized O(1) each), the held-back tail is read off the matchers' states, released
+    text is kept as pieces (joined when `text` is read) and only the unreleased tail (at
+    most the longest stop string plus the newest piece) is ever copied. The output ends
+    before the first stop string to complete (the longest one when several complete at the
+    same character), whatever the token boundaries."""
 
     def __init__(self, stop: tuple[str, ...]) -> None:
-        self._stop = tuple(s for s in stop if s)
-        self._max_stop = max((len(s) for s in self._stop), default=0)
-        self.text = ""  # all text so far (truncated before the stop string once stopped)
-        self._streamed = 0  # characters of self.text already released
+        self._matchers = [_StopMatcher(s) for s in stop if s]
+        self._released: list[str] = []  # text already released, in pieces
+        self._streamed = 0  # characters released
+        self._tail = ""  # text not released yet
         self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """All text so far (truncated before the stop string once stopped)."""
+        if len(self._released) > 1:
+            self._released = ["".join(self._released)]
+        return (self._released[0] if self._released else "") + self._tail
 
     def add(self, new_text: str) -> None:
         """Append text; if a stop string appears, cut the text before it and stop."""
         if self.stopped or not new_text:
             return
-        start = max(0, len(self.text) - self._max_stop + 1)
-        self.text += new_text
-        hits = [i for s in self._stop if (i := self.text.find(s, start)) >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.stopped = True
+        if self._matchers:
+            base = self._streamed + len(self._tail)  # characters before new_text
+            for i, ch in enumerate(new_text):
+                cut = -1
+                for m in self._matchers:
+                    if m.feed(ch):
+                        start = base + i + 1 - len(m.stop)
+                        cut = start if cut < 0 else min(cut, start)
+                if cut >= 0:  # never inside released text: that part was held back
+                    self._tail = (self._tail + new_text[: i + 1])[: cut - self._streamed]
+                    self.stopped = True
+                    return
+        self._tail += new_text
 
     def releasable(self) -> str:
         """Text safe to stream now: excludes a tail that is a prefix of some stop string."""
-        end = len(self.text)
-        if not self.stopped:
-            end -= self._held_tail()
-        out = self.text[self._streamed : end]
-        self._streamed = max(self._streamed, end)
-        return out
+        n = len(self._tail) if self.stopped else len(self._tail) - self._held_tail()
+        return self._release(max(0, n))
 
     def release_all(self) -> str:
-        out = self.text[self._streamed :]
-        self._streamed = len(self.text)
+        return self._release(len(self._tail))
+
+    def _release(self, n: int) -> str:
+        out, self._tail = self._tail[:n], self._tail[n:]
+        if out:
+            self._released.append(out)
+            self._streamed += len(out)
         return out
 
     def _held_tail(self) -> int:
-        for n in range(min(self._max_stop - 1, len(self.text)), 0, -1):
-            tail = self.text[-n:]
-            if any(s.startswith(tail) for s in self._stop):
-                return n
-        return 0
+        """Length of the longest suffix of the text that is a proper prefix of a stop string."""
+        return max((m.state for m in self._matchers), default=0)
