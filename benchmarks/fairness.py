@@ -1,0 +1,284 @@
+"""A hog tenant beside a victim tenant: does the victim keep its latency, does the gateway
+keep answering, and does the hog still get the capacity nobody else uses?
+
+    python -m benchmarks fairness [--quick]
+
+One gateway process on the demo models, default settings and default tenant policies
+(`fairness` in policies/bundles/default.yaml). Three phases of PHASE_S seconds each:
+
+1. victim alone: VICTIM_CLIENTS clients, each sending ordinary requests one after another
+   (chat, max_tokens 64, temperature 0);
+2. hog alone: HOG_CLIENTS clients, each streaming n = 8, max_tokens 1800 requests, a new one
+   as soon as one ends or is refused (as many as the hog's limits allow);
+3. both at once.
+
+Throughout, /health is polled every 50 ms. Goals (issue 44): victim 100% success and p95
+latency <= 2x its p95 alone; /health p99 < 100 ms; aggregate tokens/s with the victim within
+10% of the hog alone (the hog keeps the capacity nobody else uses). Writes fairness.json and
+fairness.png.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks._server import Running, gateway
+
+MODEL = "demo-code-target"
+VICTIM_CLIENTS = 2
+HOG_CLIENTS = 6
+HOG_N = 8
+HOG_MAX_TOKENS = 1800
+VICTIM_MAX_TOKENS = 64
+PROMPTS = [
+    "def fibonacci(n):",
+    "class Stack:\n    def __init__(self):",
+    "import os\n\ndef walk(path):",
+    "def parse_args(argv):",
+]
+
+
+def _p(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+class Phase:
+    """What one phase saw: victim latencies and outcomes, tokens over time, health probes."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.t0 = time.perf_counter()
+        self.victim: list[tuple[float, float, int]] = []  # (start, seconds, status)
+        self.tokens: list[tuple[float, str, int]] = []  # (time, tenant, tokens)
+        self.health: list[tuple[float, float]] = []  # (time, seconds)
+        self.hog_refused = 0
+        self.hog_requests = 0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def summary(self, duration: float) -> dict[str, Any]:
+        lat = [s for _, s, status in self.victim if status == 200]
+        ok = sum(1 for *_, status in self.victim if status == 200)
+        total = {t: sum(n for _, who, n in self.tokens if who == t) for t in ("hog", "victim")}
+        return {
+            "victim_requests": len(self.victim),
+            "victim_success": ok / len(self.victim) if self.victim else None,
+            "victim_statuses": sorted({status for *_, status in self.victim}),
+            "victim_p50_s": _p(lat, 0.5),
+            "victim_p95_s": _p(lat, 0.95),
+            "hog_requests_started": self.hog_requests,
+            "hog_refused": self.hog_refused,
+            "tokens_per_s": {t: n / duration for t, n in total.items()},
+            "aggregate_tokens_per_s": sum(total.values()) / duration,
+            "health_probes": len(self.health),
+            "health_p50_ms": 1000 * (_p([s for _, s in self.health], 0.5) or 0),
+            "health_p99_ms": 1000 * (_p([s for _, s in self.health], 0.99) or 0),
+            "health_max_ms": 1000 * max((s for _, s in self.health), default=0),
+        }
+
+
+async def _victim(client: httpx.AsyncClient, key: str, phase: Phase, stop: float, i: int):
+    k = i
+    while phase.now() < stop:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": PROMPTS[k % len(PROMPTS)]}],
+            "max_tokens": VICTIM_MAX_TOKENS,
+            "temperature": 0,
+        }
+        k += VICTIM_CLIENTS
+        start = phase.now()
+        t = time.perf_counter()
+        try:
+            r = await client.post(
+                "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+            )
+            status = r.status_code
+            if status == 200:
+                phase.tokens.append((phase.now(), "victim", r.json()["usage"]["completion_tokens"]))
+        except httpx.HTTPError:
+            status = 0
+        phase.victim.append((start, time.perf_counter() - t, status))
+
+
+async def _hog(client: httpx.AsyncClient, key: str, phase: Phase, stop: float, i: int):
+    k = i
+    while phase.now() < stop:
+        body = {
+            "model": MODEL,
+            "prompt": PROMPTS[k % len(PROMPTS)],
+            "max_tokens": HOG_MAX_TOKENS,
+            "n": HOG_N,
+            "temperature": 0.8,
+            "stream": True,
+            "logprobs": 0,  # each chunk lists its tokens: counted as they arrive
+        }
+        k += 1
+        try:
+            async with client.stream(
+                "POST", "/v1/completions", json=body,
+                headers={"authorization": f"Bearer {key}"},
+            ) as r:  # fmt: skip
+                if r.status_code != 200:
+                    phase.hog_refused += 1
+                    await r.aread()
+                    await asyncio.sleep(0.2)
+                    continue
+                phase.hog_requests += 1
+                async for line in r.aiter_lines():
+                    if phase.now() >= stop:
+                        break  # the client goes: the gateway cancels its rows
+                    if line.startswith("data: {"):
+                        chunk = json.loads(line[6:])
+                        n = sum(
+                            len((c.get("logprobs") or {}).get("tokens") or ())
+                            for c in chunk.get("choices", ())
+                        )
+                        if n:
+                            phase.tokens.append((phase.now(), "hog", n))
+        except httpx.HTTPError:
+            phase.hog_refused += 1
+            await asyncio.sleep(0.2)
+
+
+async def _health(client: httpx.AsyncClient, phase: Phase, stop: float) -> None:
+    while phase.now() < stop:
+        t = time.perf_counter()
+        with contextlib.suppress(httpx.HTTPError):
+            await client.get("/health", timeout=10)
+        phase.health.append((phase.now(), time.perf_counter() - t))
+        await asyncio.sleep(0.05)
+
+
+async def _phase(
+    server: Running, name: str, victim: str | None, hog: str | None, seconds: float
+) -> Phase:
+    phase = Phase(name)
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client,
+        httpx.AsyncClient(base_url=server.url, timeout=10) as probe,
+    ):
+        tasks = [asyncio.create_task(_health(probe, phase, seconds))]
+        if victim:
+            tasks += [
+                asyncio.create_task(_victim(client, victim, phase, seconds, i))
+                for i in range(VICTIM_CLIENTS)
+            ]
+        if hog:
+            tasks += [
+                asyncio.create_task(_hog(client, hog, phase, seconds, i))
+                for i in range(HOG_CLIENTS)
+            ]
+        await asyncio.gather(*tasks)
+    await asyncio.sleep(2)  # the abandoned hog rows end at their next step
+    return phase
+
+
+def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
+    seconds = 25.0 if quick else 60.0
+    with gateway() as server:
+        victim, hog = server.tenant("victim"), server.tenant("hog")
+        # Warm the paths both tenants take (the first requests load and compile).
+        asyncio.run(_phase(server, "warm", victim, hog, 8.0))
+        phases = {
+            "victim_alone": asyncio.run(_phase(server, "victim_alone", victim, None, seconds)),
+            "hog_alone": asyncio.run(_phase(server, "hog_alone", None, hog, seconds)),
+            "both": asyncio.run(_phase(server, "both", victim, hog, seconds)),
+        }
+    summary = {name: p.summary(seconds) for name, p in phases.items()}
+    alone, both, hog_alone = summary["victim_alone"], summary["both"], summary["hog_alone"]
+    health = max(s["health_p99_ms"] for s in summary.values())
+    ratio_p95 = (
+        both["victim_p95_s"] / alone["victim_p95_s"]
+        if both["victim_p95_s"] and alone["victim_p95_s"]
+        else None
+    )
+    ratio_tps = both["aggregate_tokens_per_s"] / max(hog_alone["aggregate_tokens_per_s"], 1e-9)
+    goals = {
+        "victim_success_100pct": both["victim_success"] == 1.0,
+        "victim_p95_within_2x_alone": ratio_p95 is not None and ratio_p95 <= 2.0,
+        "health_p99_under_100ms": health < 100.0,
+        "aggregate_within_10pct_of_hog_alone": ratio_tps >= 0.9,
+    }
+    result = {
+        "settings": {
+            "phase_s": seconds,
+            "victim_clients": VICTIM_CLIENTS,
+            "victim_max_tokens": VICTIM_MAX_TOKENS,
+            "hog_clients": HOG_CLIENTS,
+            "hog_n": HOG_N,
+            "hog_max_tokens": HOG_MAX_TOKENS,
+            "policies": "default (fairness: weight 1, caps from policies/bundles/default.yaml)",
+        },
+        "phases": summary,
+        "victim_p95_ratio": ratio_p95,
+        "aggregate_ratio_to_hog_alone": ratio_tps,
+        "health_p99_ms_worst_phase": health,
+        "goals": goals,
+    }
+    _plot(out_dir / "fairness.png", phases)
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = ["   phase          victim ok  victim p95 s  hog refused  tokens/s  /health p99 ms"]
+    for name, s in result["phases"].items():
+        ok = "-" if s["victim_success"] is None else f"{s['victim_success']:.0%}"
+        p95 = "-" if s["victim_p95_s"] is None else f"{s['victim_p95_s']:.2f}"
+        rows.append(
+            f"   {name:<14} {ok:>9}  {p95:>12}  {s['hog_refused']:>11}"
+            f"  {s['aggregate_tokens_per_s']:>8.1f}  {s['health_p99_ms']:>14.1f}"
+        )
+    rows.append(f"   victim p95 both/alone: {result['victim_p95_ratio']}")
+    rows.append(f"   aggregate both/hog alone: {result['aggregate_ratio_to_hog_alone']:.3f}")
+    rows.append(f"   goals: {json.dumps(result['goals'])}")
+    return "\n".join(rows)
+
+
+def _plot(path: Path, phases: dict[str, Phase]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    for name, p in phases.items():
+        if p.victim:
+            axes[0].plot(
+                [s for s, _, st in p.victim if st == 200],
+                [d for _, d, st in p.victim if st == 200],
+                ".", label=f"victim ({name})",
+            )  # fmt: skip
+        buckets: dict[int, int] = {}
+        for t, _, n in p.tokens:
+            buckets[int(t)] = buckets.get(int(t), 0) + n
+        xs = sorted(buckets)
+        axes[1].plot(xs, [buckets[x] for x in xs], label=name)
+        axes[2].plot([t for t, _ in p.health], [1000 * s for _, s in p.health], label=name)
+    axes[0].set_ylabel("victim latency (s)")
+    axes[1].set_ylabel("tokens/s (all tenants)")
+    axes[2].set_ylabel("/health (ms)")
+    axes[2].set_xlabel("seconds into the phase")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.suptitle("A hog tenant beside a victim tenant (benchmarks/fairness.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    r = run(Path(__file__).resolve().parent / "reports", quick=True)
+    print(table(r))
