@@ -6,9 +6,11 @@ Public API (the service layer codes against these names)::
 
     store = await Database.connect(url, upgrade=False)   # any SQLAlchemy async URL
     ids = await store.append([(RequestRecord(...), Payload(...) | None), ...])
+    ids = await store.append([(Admission(...), None)])   # before the first output byte
+    await store.incomplete_admissions(limit, tenant_id)  # admitted, no final record
     await store.append_admin(AdminEvent(actor, action, subject, before, after))
-    await store.verify()        # {"ok", "checked", "first_broken", "head",
-                                #  "records_ok", "admin_events": {...}, "payloads": {...}}
+    await store.verify()        # {"ok", "checked", "first_broken", "head", "records_ok",
+                                #  "admin_events", "admissions", "payloads", "incomplete"}
     await store.records(RecordFilter(...), cursor, limit, oldest_first=False)
     await store.record(id, tenant_id=None)           # tenant scoping; includes "payload"
     async for line in store.export(RecordFilter(...), "jsonl" | "csv"): ...
@@ -51,6 +53,7 @@ from gateway.database.audit.chain import format_datetime
 from gateway.database.audit.types import (
     OPERATOR_ROLES,
     AdminEvent,
+    Admission,
     AuditUnavailable,
     KeyInfo,
     Payload,
@@ -67,6 +70,7 @@ from gateway.database.store import Database
 __all__ = [
     "OPERATOR_ROLES",
     "AdminEvent",
+    "Admission",
     "AuditUnavailable",
     "AuditWriter",
     "Database",

@@ -1,9 +1,10 @@
 """ORM tables of the gateway: the one metadata Alembic migrates (``migrations/env.py``).
 
-Append-only, hash-chained: ``audit_records`` and ``admin_events`` (PostgreSQL and SQLite
-triggers refuse UPDATE/DELETE/TRUNCATE). Purgeable: ``audit_payloads``. Plain mutable CRUD:
-``tenants``, ``api_keys``, ``acceptance_stats``, ``model_versions``, ``rollouts``,
-``policy_documents``. All timestamps are stored in UTC and read back timezone-aware.
+Append-only, hash-chained: ``audit_records``, ``audit_admissions`` and ``admin_events``
+(PostgreSQL and SQLite triggers refuse UPDATE/DELETE/TRUNCATE). Purgeable:
+``audit_payloads``. Plain mutable CRUD: ``tenants``, ``api_keys``, ``acceptance_stats``,
+``model_versions``, ``rollouts``, ``policy_documents``. All timestamps are stored in UTC
+and read back timezone-aware.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class AuditRecordRow(Base):
         Index("ix_audit_records_request_id", "request_id"),
         Index("ix_audit_records_user_sha256", "user_sha256"),
         Index("ix_audit_records_trace_id", "trace_id"),
+        Index("ix_audit_records_admission_id", "admission_id"),
         {"sqlite_autoincrement": True},
     )
 
@@ -196,10 +198,75 @@ class AuditRecordRow(Base):
     trace_id: Mapped[str | None] = mapped_column(String(32))
     """OpenTelemetry trace id of the request (32 hex digits; null with tracing off); hashed
     into the chain when set (revision 0004_trace_id)."""
+    admission_id: Mapped[int | None] = mapped_column(BigInteger)
+    """The ``audit_admissions`` row this record completes (written before the request's
+    first output byte); null for a request refused before admission and for records older
+    than revision 0005_admission_records. Hashed into the chain when set."""
     prev_hash: Mapped[str] = mapped_column(String(64))
     """record_hash of the previous record (64 zeros for the first)."""
     record_hash: Mapped[str] = mapped_column(String(64), unique=True)
     """SHA-256 of this record's canonical encoding, prev_hash included."""
+
+
+class AuditAdmissionRow(Base):
+    """A request admitted to run: written, durable, before its first output byte leaves
+    (record first, act second). The request's final ``audit_records`` row completes it
+    (``audit_records.admission_id``); an admission that no record completes is an
+    incomplete request (its final write failed, or the process died). Hash-chained (own
+    chain), append-only (revision 0005_admission_records)."""
+
+    __tablename__ = "audit_admissions"
+    __table_args__ = (
+        Index("ix_audit_admissions_request_id", "request_id"),
+        Index("ix_audit_admissions_tenant_id_id", "tenant_id", "id"),
+        Index("ix_audit_admissions_created_at", "created_at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    """Monotonically increasing; chain order."""
+    request_id: Mapped[str] = mapped_column(String(64))
+    """The gateway's id of the HTTP request (also returned to the client)."""
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    """Calling tenant."""
+    key_id: Mapped[str | None] = mapped_column(String(64))
+    """API key used."""
+    endpoint: Mapped[str] = mapped_column(String(128))
+    """HTTP route."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    """When the request was admitted (UTC)."""
+    decision_id: Mapped[str] = mapped_column(String(64))
+    """The policy decision's id."""
+    mode: Mapped[str] = mapped_column(String(16))
+    """speculative | standard."""
+    proposer: Mapped[str | None] = mapped_column(String(16))
+    """draft | prompt_lookup | prediction; null for standard decoding."""
+    reason_codes: Mapped[list[str]] = mapped_column(JSON)
+    """Policy reason codes (JSON list)."""
+    policy_revision: Mapped[str | None] = mapped_column(String(64))
+    """Content hash of the policy bundle that decided."""
+    target_model: Mapped[str] = mapped_column(String(128))
+    """Target model name."""
+    target_version: Mapped[str] = mapped_column(String(64))
+    """Target model version."""
+    target_sha256: Mapped[str | None] = mapped_column(String(64))
+    """Digest of the target weights."""
+    draft_model: Mapped[str | None] = mapped_column(String(128))
+    """Draft model name (proposer=draft)."""
+    draft_version: Mapped[str | None] = mapped_column(String(64))
+    """Draft model version."""
+    draft_sha256: Mapped[str | None] = mapped_column(String(64))
+    """Digest of the draft weights."""
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    """Prompt length in target tokens."""
+    prompt_sha256: Mapped[str] = mapped_column(String(64))
+    """SHA-256 of the prompt text (the final record's prompt_sha256 is the same)."""
+    trace_id: Mapped[str | None] = mapped_column(String(32))
+    """OpenTelemetry trace id (hashed when set)."""
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    """record_hash of the previous admission (64 zeros for the first)."""
+    record_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    """SHA-256 of this admission's canonical encoding, prev_hash included."""
 
 
 class AuditPayloadRow(Base):
@@ -391,6 +458,7 @@ def _table(model: type[Base]) -> Table:
 
 
 RECORDS = _table(AuditRecordRow)
+ADMISSIONS = _table(AuditAdmissionRow)
 PAYLOADS = _table(AuditPayloadRow)
 EVENTS = _table(AdminEventRow)
 TENANTS = _table(TenantRow)

@@ -1,5 +1,8 @@
 """Hash chain: canonical encoding and SHA-256 links for audit records and admin events.
 
+Three chains: ``audit_records`` (one final record per request), ``audit_admissions`` (a
+served request's admission, before its first output byte; the final record names it in
+``admission_id``) and ``admin_events``. In each,
 ``record_hash = sha256(canonical(fields, prev_hash))`` where ``canonical`` is the UTF-8 of
 ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)`` over every stored
 field except ``id`` and ``record_hash`` (``prev_hash`` included). Fixed formats:
@@ -33,14 +36,25 @@ RECORD_FIELDS: tuple[str, ...] = (
     "draft_sha256", "k_min", "k_max", "drafted_tokens", "accepted_tokens", "temperature",
     "top_p", "top_k", "seed", "constraint", "constraint_sha256", "prompt_tokens",
     "completion_tokens", "latency_ms", "ttft_ms", "prompt_sha256", "completion_sha256",
-    "user_sha256", "tool_calls", "tool_names", "trace_id",
+    "user_sha256", "tool_calls", "tool_names", "trace_id", "admission_id",
 )  # fmt: skip
 """Hashed fields of ``audit_records`` (besides ``prev_hash``)."""
 
-HASHED_WHEN_SET = frozenset({"user_sha256", "tool_calls", "tool_names", "trace_id"})
+HASHED_WHEN_SET = frozenset({"user_sha256", "tool_calls", "tool_names", "trace_id", "admission_id"})
 """Fields added after revision 0001: hashed only when not null, so records written before
 the columns existed keep their hashes. ``trace_id`` (revision 0004_trace_id) is hashed when
-set, so the link from a record to its trace is as tamper-evident as the record."""
+set, so the link from a record to its trace is as tamper-evident as the record; so is
+``admission_id`` (revision 0005_admission_records), the link from a final record to the
+admission it completes."""
+
+ADMISSION_FIELDS: tuple[str, ...] = (
+    "request_id", "tenant_id", "key_id", "endpoint", "created_at", "decision_id", "mode",
+    "proposer", "reason_codes", "policy_revision", "target_model", "target_version",
+    "target_sha256", "draft_model", "draft_version", "draft_sha256", "prompt_tokens",
+    "prompt_sha256", "trace_id",
+)  # fmt: skip
+"""Hashed fields of ``audit_admissions`` (besides ``prev_hash``): its own chain, written
+before a request's first output byte; the same canonical encoding as the records'."""
 
 EVENT_FIELDS: tuple[str, ...] = ("actor", "action", "subject", "before", "after", "created_at")
 """Hashed fields of ``admin_events`` (besides ``prev_hash``)."""

@@ -82,6 +82,9 @@ class RequestRecord:
     tool_calls: int | None = None
     tool_names: Sequence[str] | None = None
     trace_id: str | None = None
+    admission_id: int | None = None
+    """The admission this final record completes (``Admission``, written before the
+    request's first output byte); None for a request refused before admission."""
 
     def __post_init__(self) -> None:
         _check(100 <= self.status <= 599, f"status {self.status} is not an HTTP status")
@@ -118,6 +121,54 @@ class RequestRecord:
             (self.tool_calls is None) == (self.tool_names is None)
             and (self.tool_names is None or len(self.tool_names) == self.tool_calls),
             "tool_calls must count tool_names",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """A request admitted to run, recorded before its first output byte leaves (record
+    first, act second): who asked, what the policy decided, which models, the prompt's
+    digest. The request's final :class:`RequestRecord` completes it (``admission_id``); an
+    admission that no record completes is reported incomplete (``Database.verify``).
+
+    ``created_at`` defaults to the time of ``append``; a given value must be timezone-aware.
+    """
+
+    request_id: str
+    tenant_id: str
+    endpoint: str
+    decision_id: str
+    mode: str
+    target_model: str
+    target_version: str
+    prompt_sha256: str
+    prompt_tokens: int = 0
+    key_id: str | None = None
+    created_at: datetime | None = None
+    proposer: str | None = None
+    reason_codes: Sequence[str] = ()
+    policy_revision: str | None = None
+    target_sha256: str | None = None
+    draft_model: str | None = None
+    draft_version: str | None = None
+    draft_sha256: str | None = None
+    trace_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.mode in MODES, f"unknown mode {self.mode!r}")
+        _check(
+            self.proposer is None or self.proposer in PROPOSERS,
+            f"unknown proposer {self.proposer!r}",
+        )
+        _check(self.prompt_tokens >= 0, "prompt_tokens must be >= 0")
+        _check(
+            self.created_at is None or self.created_at.utcoffset() is not None,
+            "created_at must be timezone-aware",
+        )
+        _check(not isinstance(self.reason_codes, str), "reason_codes must be a list of codes")
+        _check(
+            self.trace_id is None or _TRACE_ID.fullmatch(self.trace_id) is not None,
+            "trace_id must be 32 lowercase hex digits",
         )
 
 

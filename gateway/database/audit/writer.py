@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import DataError, IntegrityError
 
-from gateway.database.audit.records import record_row
-from gateway.database.audit.types import AuditUnavailable, Payload, RequestRecord, WriterStats
+from gateway.database.audit.records import Entry, entry_row
+from gateway.database.audit.types import AuditUnavailable, Payload, WriterStats
 from gateway.database.base import utcnow
 from gateway.database.store import Database
 
 
 @dataclass
 class _Item:
-    record: RequestRecord
+    record: Entry
     payload: Payload | None
     future: asyncio.Future[int]
 
@@ -54,12 +54,13 @@ class AuditWriter:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="audit-writer")
 
-    async def write(self, record: RequestRecord, payload: Payload | None = None) -> int:
-        """Queue one record and wait until it is committed; returns its id. ValueError for an
-        invalid record (checked before queueing), AuditUnavailable when it cannot be stored."""
+    async def write(self, record: Entry, payload: Payload | None = None) -> int:
+        """Queue one record (or admission) and wait until it is committed; returns its id.
+        ValueError for an invalid record (checked before queueing), AuditUnavailable when it
+        cannot be stored."""
         if not self.running:
             raise AuditUnavailable("audit writer is not running")
-        record_row(record, payload, utcnow())  # validate now: a bad row never joins a batch
+        entry_row(record, payload, utcnow())  # validate now: a bad row never joins a batch
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Item(record, payload, future))
         return await future

@@ -19,10 +19,12 @@ from gateway.database.tables import Base
 
 ROOT = Path(__file__).resolve().parents[3]
 TABLES = {
-    "audit_records", "audit_payloads", "admin_events", "tenants", "api_keys",
+    "audit_records", "audit_payloads", "admin_events", "audit_admissions", "tenants", "api_keys",
     "acceptance_stats", "model_versions", "rollouts", "policy_documents", "principals",
     "rollout_samples",
 }  # fmt: skip
+CHAINED = ("audit_records", "admin_events", "audit_admissions")
+"""The append-only tables (triggers refuse UPDATE, DELETE, TRUNCATE)."""
 
 
 def _inspect(conn: Connection) -> dict[str, Any]:
@@ -53,15 +55,9 @@ async def test_upgrade_matches_models_and_downgrade_removes_everything(db_url: s
     assert state["diff"] == []
     assert state["tables"] == TABLES
     if db_url.startswith("postgresql"):
-        expected = {
-            f"{t}_{s}"
-            for t in ("audit_records", "admin_events")
-            for s in ("append_only", "no_truncate")
-        }
+        expected = {f"{t}_{s}" for t in CHAINED for s in ("append_only", "no_truncate")}
     else:
-        expected = {
-            f"{t}_no_{v}" for t in ("audit_records", "admin_events") for v in ("update", "delete")
-        }
+        expected = {f"{t}_no_{v}" for t in CHAINED for v in ("update", "delete")}
     assert state["triggers"] == expected
     await downgrade_to_base_async(db_url)
     state = await _state(db_url)
@@ -84,4 +80,4 @@ def test_alembic_cli_reads_url_from_x_argument(tmp_path: Path) -> None:
         [*alembic, "upgrade", "head"], check=True, env=env, cwd=ROOT, capture_output=True
     )
     out = subprocess.run([*alembic, "current"], check=True, env=env, cwd=ROOT, capture_output=True)
-    assert b"0004_trace_id (head)" in out.stdout
+    assert b"0005_admission_records (head)" in out.stdout
