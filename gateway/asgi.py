@@ -52,6 +52,7 @@ def create_app(
         plugins=http_tracing(provider),
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
+        request_max_body_size=settings.max_body_bytes,
         before_request=strict.strict_query,
         openapi_config=OpenAPIConfig(
             title="Speculative LLM gateway", version="0.1.0", path="/schema"

@@ -121,6 +121,10 @@ class Settings:
     physical cores). The inference thread is the only one that runs torch."""
     audit_fail_closed: bool = True
     """If the audit store cannot be written, refuse inference with 503 (default)."""
+    max_body_bytes: int = 10_000_000
+    """Largest request body, in bytes (Litestar's ``request_max_body_size``, whose default
+    this keeps): a larger one is refused with 413 in OpenAI's error shape before it is
+    read. The prompt's own limits (1 MiB of characters) are checked after decoding."""
     default_requests_per_minute: int = 600
     """Per-tenant request rate limit when the tenant's policy sets none."""
     default_tokens_per_minute: int = 200_000

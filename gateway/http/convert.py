@@ -16,6 +16,7 @@ from gateway.http.schemas import (
     NamedToolChoice,
     TokenizeRequest,
 )
+from gateway.limits import MAX_PREDICTION_CHARS
 from gateway.serving.commands import DecodingOverride, Generate, SamplingParams, Tools, ToolSpec
 from gateway.serving.errors import invalid
 from gateway.serving.ratelimit import Quota
@@ -34,6 +35,10 @@ def _text(content: str | list[ContentPart] | None, param: str) -> str:
             )
         parts.append(part.text)
     return "".join(parts)
+
+
+def _joined_length(parts: list[ContentPart]) -> int:
+    return sum(len(p.text) for p in parts if p.text is not None)
 
 
 def _arguments(text: str, param: str) -> dict[str, Any]:
@@ -145,7 +150,15 @@ def _common(
     bias = [(int(token), float(value)) for token, value in (body.logit_bias or {}).items()]
     prediction = None
     if body.prediction is not None:
-        prediction = _text(body.prediction.content, "prediction.content")
+        content = body.prediction.content
+        joined = len(content) if isinstance(content, str) else _joined_length(content)
+        if joined > MAX_PREDICTION_CHARS:  # the parts' count is capped by the schema, not this
+            raise invalid(
+                f"prediction.content has {joined} characters; at most {MAX_PREDICTION_CHARS} "
+                "are allowed (the text parts joined)",
+                "prediction",
+            )
+        prediction = _text(content, "prediction.content")
     decoding = None
     if body.decoding is not None:
         d = body.decoding

@@ -46,7 +46,23 @@ def on_gateway_error(_: Request[Any, Any, Any], exc: GatewayError) -> Response[A
     return error_response(exc)
 
 
-def on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+def on_too_large(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    """413: a body over the size limit (GATEWAY_MAX_BODY_BYTES), refused as it arrives."""
+    limit = request.route_handler.resolve_request_max_body_size()
+    body = {
+        "error": {
+            "message": f"the request body is larger than the limit of {limit} bytes",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_too_large",
+        }
+    }
+    return Response(content=body, status_code=413, headers=exc.headers)
+
+
+def on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    if exc.status_code == 413:
+        return on_too_large(request, exc)
     kind = {
         400: "invalid_request",
         401: "authentication",

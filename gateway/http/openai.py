@@ -20,7 +20,7 @@ from gateway.serving import Services
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.generation import Generation
-from gateway.serving.prepare import tokenize as tokenize_prompt
+from gateway.serving.prepare import admit_tokenize, tokenize_off_loop
 
 
 def services(request: Request[Any, Any, Any]) -> Services:
@@ -168,14 +168,19 @@ async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return_dto=None,
 )
 async def tokenize(request: Request[Any, Any, Any], data: bytes = b"") -> dict[str, Any]:
+    """A tenant key only, charged one request of the tenant's rate limit; tokenized in a
+    helper thread like a generation's prompt (serving/prepare.py)."""
     svc = services(request)
-    await svc.auth.principal(request.headers.get("authorization"))
+    principal = await svc.auth.principal(request.headers.get("authorization"))
+    if principal.role != "tenant" or principal.tenant_id is None:
+        raise GatewayError("permission", "/tokenize needs a tenant key", code="forbidden")
     body = decode_body(data, TokenizeRequest)
     if (body.prompt is None) == (body.messages is None):
         raise invalid("send exactly one of prompt or messages", "prompt")
     _, engine = await svc.pool.target(body.model)
     cmd = convert.tokenize_command(body)
-    _, ids = tokenize_prompt(engine.tokenizer, cmd)
+    await admit_tokenize(svc.limiter, svc.policy, principal.tenant_id)
+    _, ids = await tokenize_off_loop(engine.tokenizer, cmd, principal.tenant_id)
     return {"tokens": list(ids), "count": len(ids), "max_model_len": engine.context_length}
 
 

@@ -23,6 +23,7 @@ from gateway.limits import (
     MAX_K,
     MAX_MESSAGES,
     MAX_PREDICTION_CHARS,
+    MAX_SCHEMA_DEPTH,
     MAX_STOP,
     MAX_TENANT_NAME,
     MAX_TEXT_CHARS,
@@ -33,9 +34,20 @@ from gateway.limits import (
 )
 from gateway.serving.admin import TENANT_ID
 
+MAX_STOP_CHARS = 1_024
+"""Longest stop string, in characters (at most MAX_STOP of them: 4,096 characters in all).
+Every output row checks its text against them at each step (in time linear in the output,
+engine/detok.py); a longer one is a 400 naming stop."""
 Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
-StopString = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
+StopString = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=MAX_STOP_CHARS,
+        description=f"1 to {MAX_STOP_CHARS} characters; at most {MAX_STOP} stop strings.",
+    ),
+]
 TokenId = Annotated[str, Meta(pattern=r"^-?[0-9]{1,18}$", description="A token id, as text.")]
 Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -138,7 +150,13 @@ class Prediction(msgspec.Struct, **STRICT):
                 description="Expected output (OpenAI predicted outputs); a proposer drafts it.",
             ),
         ]
-        | Annotated[list[ContentPart], Meta(max_length=MAX_PREDICTION_CHARS)]
+        | Annotated[
+            list[ContentPart],
+            Meta(
+                max_length=MAX_PREDICTION_CHARS,
+                description=f"Text parts; joined, at most {MAX_PREDICTION_CHARS} characters.",
+            ),
+        ]
     )
 
 
@@ -301,6 +319,12 @@ def decode(body: bytes, kind: type[Any]) -> Any:
         raise BodyError(str(exc), _param(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise BodyError(f"the request body is not valid JSON: {exc}", None) from None
+    except RecursionError:  # msgspec's depth guard (Python's recursion limit, ~1,000 levels)
+        raise BodyError(
+            "the request body's JSON is nested too deep to decode; response_format schemas "
+            f"may nest at most {MAX_SCHEMA_DEPTH} objects and arrays",
+            None,
+        ) from None
 
 
 class BodyError(ValueError):

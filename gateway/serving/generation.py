@@ -237,7 +237,7 @@ class GenerationService:
 
     async def start(self, principal: Principal, meta: RequestMeta, cmd: Generate) -> Generation:
         tenant = self._authorize(principal)  # 1. a tenant key; the audit store writable
-        prepared = await prepare(self.pool, cmd)  # 2. prompt, budget, grammar, features
+        prepared = await prepare(self.pool, cmd, tenant)  # 2. prompt (off the loop), grammar
         with self.tracing.span("gateway.policy.decide") as span:
             preferred = self.traffic.choose(  # 3. the rollout's draft version, if any
                 cmd.model, meta.request_id, tenant, self.policy.allows_draft_version(tenant)

@@ -3,13 +3,22 @@
 ``prepare`` tokenizes the prompt, checks it and max_tokens against the context, checks
 logit_bias ids against the vocabulary, compiles the response_format grammar (cached per
 schema) and builds the ``RequestFeatures`` the policy decides on, once.
+
+Nothing here runs unbounded work on the event loop: first a cheap check of the raw prompt
+size (MAX_PROMPT_CHARS, before any templating), then templating and tokenization in a helper
+thread (the Rust tokenizers and jinja need no torch; the inference thread is the only one
+that runs torch), at most TOKENIZING_PER_TENANT of one tenant's at a time (the tenant's
+further requests wait for their own turn, so one tenant cannot fill the helper threads).
+/tokenize goes through the same path, after `admit_tokenize` charged the tenant a request.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from gateway.engine import Engine, Grammar
 from gateway.engine.constraints.json_schema import (
@@ -25,8 +34,10 @@ from gateway.engine.constraints.tool_calls import (
 )
 from gateway.limits import DEFAULT_MAX_TOKENS
 from gateway.serving.commands import Generate
+from gateway.serving.decisions import PolicyService
 from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.models import ModelPool
+from gateway.serving.ratelimit import Limiter, Limits, Quota
 from models_registry.manifest import ModelEntry
 from policies import RequestFeatures
 
@@ -48,9 +59,147 @@ class Prepared:
     """What ``grammar`` was made from: each further choice (n > 1) gets its own."""
 
 
-async def prepare(pool: ModelPool, cmd: Generate) -> Prepared:
+MAX_PROMPT_CHARS: Final = 1_048_576
+"""Most characters of one request's prompt before templating: the prompt, or every
+message's text and tool-call arguments together (1 MiB; each one text is capped at
+MAX_TEXT_CHARS too). Checked before the tokenizer runs; the context length refuses far
+less once tokenized, this only bounds the templating and tokenizing work."""
+TOKENIZING_PER_TENANT: Final = 2
+"""One tenant's prompts templated and tokenized at the same time at most (its further
+requests wait, other tenants' do not)."""
+
+
+class TenantGate:
+    """At most ``per_tenant`` holders per tenant at once; the rest of that tenant wait."""
+
+    def __init__(self, per_tenant: int) -> None:
+        self.per_tenant = per_tenant
+        self._slots: dict[str, tuple[asyncio.Semaphore, int]] = {}  # tenant -> (sem, users)
+
+    @asynccontextmanager
+    async def hold(self, tenant: str | None) -> AsyncIterator[None]:
+        key = tenant or ""
+        sem, users = self._slots.get(key) or (asyncio.Semaphore(self.per_tenant), 0)
+        self._slots[key] = (sem, users + 1)
+        try:
+            async with sem:
+                yield
+        finally:
+            sem, users = self._slots[key]
+            if users == 1:
+                del self._slots[key]
+            else:
+                self._slots[key] = (sem, users - 1)
+
+
+_tokenizing = TenantGate(TOKENIZING_PER_TENANT)
+
+
+def prompt_chars(cmd: Generate) -> int:
+    """Characters of the prompt before templating (cheap: no tokenizer, no template)."""
+    if cmd.messages is not None:
+        total = 0
+        for m in cmd.messages:
+            content = m.get("content")
+            total += len(content) if isinstance(content, str) else 0
+            for call in m.get("tool_calls") or ():
+                total += len(str(call.get("function", {}).get("arguments", "")))
+        return total
+    if isinstance(cmd.prompt, str):
+        return len(cmd.prompt)
+    return len(cmd.prompt or ())
+
+
+def check_prompt_size(cmd: Generate) -> None:
+    """400 naming messages / prompt when the raw prompt is over MAX_PROMPT_CHARS."""
+    chars = prompt_chars(cmd)
+    if chars > MAX_PROMPT_CHARS:
+        raise invalid(
+            f"the prompt has {chars} characters before templating; at most "
+            f"{MAX_PROMPT_CHARS} are allowed",
+            "messages" if cmd.messages is not None else "prompt",
+        )
+
+
+_token_chars: dict[int, tuple[Any, int]] = {}  # id(tokenizer) -> (tokenizer, longest token)
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """Characters one token covers at most: its longest vocabulary entry (byte-level BPE
+    spells each byte as one character, so a token covers no more characters than that).
+    Computed once per tokenizer (call it off the event loop the first time)."""
+    hit = _token_chars.get(id(tokenizer))
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1]
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+    _token_chars[id(tokenizer)] = (tokenizer, max(1, longest))  # the ref keeps the id unique
+    return max(1, longest)
+
+
+def check_fits(cmd: Generate, tokenizer: Any, context_length: int) -> None:
+    """The cheap context check before tokenizing: a prompt of more characters than the
+    context's tokens times the longest token cannot fit (templating only adds text);
+    token ids are counted as they are. The exact check follows tokenizing."""
+    chars = prompt_chars(cmd)
+    per_token = 1 if isinstance(cmd.prompt, tuple) else max_token_chars(tokenizer)
+    if chars > context_length * per_token:
+        raise GatewayError(
+            "context_length",
+            f"This model's maximum context length is {context_length} tokens; the prompt "
+            f"has {chars} {'tokens' if per_token == 1 else 'characters'}, more than "
+            f"{context_length * per_token} could fit (a token covers at most {per_token}).",
+            param="messages" if cmd.messages is not None else "prompt",
+            code="context_length_exceeded",
+        )
+
+
+async def tokenize_off_loop(
+    tokenizer: Any, cmd: Generate, tenant: str | None, context_length: int | None = None
+) -> tuple[str, tuple[int, ...]]:
+    """`tokenize` after the cheap checks (raw size; with ``context_length``, whether it can
+    fit), in a helper thread, within the tenant's share of them."""
+    check_prompt_size(cmd)
+    if context_length is not None:
+        if id(tokenizer) not in _token_chars:
+            await asyncio.to_thread(max_token_chars, tokenizer)
+        check_fits(cmd, tokenizer, context_length)
+    async with _tokenizing.hold(tenant):
+        return await asyncio.to_thread(tokenize, tokenizer, cmd)
+
+
+def tenant_limits(policy: PolicyService, tenant: str) -> Limits:
+    """The tenant's rate limits as `PolicyService.decide` sets them (no decision needed)."""
+    rl = policy.policies.active.policy_for(tenant).rate_limits
+    if rl.enforcement == "dryrun":
+        return Limits(10**9, 10**12)
+    return Limits(
+        requests_per_minute=rl.requests_per_minute or policy.defaults.requests_per_minute,
+        tokens_per_minute=rl.tokens_per_minute or policy.defaults.tokens_per_minute,
+    )
+
+
+async def admit_tokenize(limiter: Limiter, policy: PolicyService, tenant: str) -> Quota:
+    """Charge one /tokenize call to the tenant's request rate limit (no tokens: nothing is
+    generated), or the 429 that a generation would get."""
+    quota, _ = await limiter.admit(tenant, tenant_limits(policy, tenant), 0)
+    if not quota.allowed:
+        raise GatewayError(
+            "rate_limited",
+            f"Rate limit reached for tenant {tenant}: {quota.limit_requests} requests/min. "
+            f"Retry after {quota.retry_after_s}s.",
+            code="rate_limit_exceeded",
+            retry_after=quota.retry_after_s,
+        )
+    return quota
+
+
+async def prepare(pool: ModelPool, cmd: Generate, tenant: str | None = None) -> Prepared:
+    """``tenant``: whose share of the tokenizing threads the prompt waits for."""
+    check_prompt_size(cmd)  # before anything costs
     entry, engine = await pool.target(cmd.model)
-    prompt_text, prompt_ids = tokenize(engine.tokenizer, cmd)
+    prompt_text, prompt_ids = await tokenize_off_loop(
+        engine.tokenizer, cmd, tenant, engine.context_length
+    )
     param = "messages" if cmd.messages else "prompt"
     budget = engine.context_length - len(prompt_ids)
     if not prompt_ids:
