@@ -5,7 +5,8 @@ mechanisms, each bounded by the tenant's policy (`fairness` in its document):
 
 - **Caps.** A tenant holds at most `max_concurrent_requests` requests in flight
   (`RequestSlots`, a 429 past it), `max_rows` rows of the batches and `max_queued` jobs
-  waiting for a row (`FairQueue`, a 503 to that tenant past it). The default row cap leaves
+  waiting for a row (`FairQueue`, a 503 to that tenant past it; by default the whole
+  queue, which the share-aware refusals below keep open to the others). The default row cap leaves
   at least one row of a full batch to the others, so an arrival of another tenant never waits
   for a long request to end.
 - **Fair admission (VTC).** When a row frees, it goes to the backlogged tenant with the
@@ -95,7 +96,7 @@ class FairQueue:
     def __init__(self, capacity: int, max_batch: int) -> None:
         self.capacity = capacity
         self.default_rows = default_max_rows(max_batch)
-        self.default_queued = max(1, capacity // 2)
+        self.default_queued = capacity  # shared: a full queue evicts past a share
         self._lock = threading.Lock()
         self._queues: dict[str, collections.deque[Any]] = {}
         self._served: dict[str, float] = collections.defaultdict(float)

@@ -53,10 +53,12 @@ def _scenario(url: str, hog: str, victim: str) -> dict[str, Any]:
                     "POST", f"{url}/v1/completions", json=body,
                     headers={"authorization": f"Bearer {hog}"},
                 ) as r:  # fmt: skip
-                    for _ in r.iter_lines():
+                    done = False
+                    for line in r.iter_lines():
+                        done = done or line == "data: [DONE]"
                         if stop.is_set():
                             break
-                if r.status_code == 200 and not stop.is_set():
+                if done and not stop.is_set():  # served whole (not evicted for the victim)
                     hog_durations.append(time.perf_counter() - t)
                 elif r.status_code != 200:
                     hog_refused[0] += 1

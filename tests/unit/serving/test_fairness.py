@@ -160,12 +160,13 @@ def test_backlogged_counters_stay_within_one_admission() -> None:
 
 
 def test_a_tenant_is_refused_at_its_queue_cap_not_others() -> None:
-    q = FairQueue(8, 8)  # default cap: half the queue
+    q = FairQueue(8, 8)
+    hog = Share("hog", max_queued=4)
     for _ in range(4):
-        q.offer(J(HOG))
+        q.offer(J(hog))
     with pytest.raises(Overloaded, match="tenant hog"):
-        q.offer(J(HOG))
-    q.offer(J(VICTIM))  # the other half is the others'
+        q.offer(J(hog))
+    q.offer(J(VICTIM))  # the rest of the queue is the others'
 
 
 @pytest.mark.parametrize("impl", [FairQueue, Fifo])
