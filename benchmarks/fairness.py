@@ -10,7 +10,9 @@ One gateway process on the demo models, default settings and default tenant poli
    (chat, max_tokens 64, temperature 0);
 2. hog alone: HOG_CLIENTS clients, each streaming n = 8, max_tokens 1800 requests, a new one
    as soon as one ends or is refused (as many as the hog's limits allow);
-3. both at once.
+3. both at once;
+4. the hog alone again, its policy granting it the whole batch (`max_rows: 8`): what the
+   default row cap costs a tenant that is alone.
 
 Throughout, /health is polled every 50 ms. Goals (issue 44): victim 100% success and p95
 latency <= 2x its p95 alone; /health p99 < 100 ms; aggregate tokens/s with the victim within
@@ -190,12 +192,18 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     seconds = 25.0 if quick else 60.0
     with gateway() as server:
         victim, hog = server.tenant("victim"), server.tenant("hog")
+        # The same hog given the whole batch (what the default row cap holds back from a
+        # tenant alone, so that another's arrival finds a row).
+        whole = server.tenant("hog-whole-batch", {"fairness": {"max_rows": 8}})
         # Warm the paths both tenants take (the first requests load and compile).
         asyncio.run(_phase(server, "warm", victim, hog, 8.0))
         phases = {
             "victim_alone": asyncio.run(_phase(server, "victim_alone", victim, None, seconds)),
             "hog_alone": asyncio.run(_phase(server, "hog_alone", None, hog, seconds)),
             "both": asyncio.run(_phase(server, "both", victim, hog, seconds)),
+            "hog_alone_whole_batch": asyncio.run(
+                _phase(server, "hog_alone_whole_batch", None, whole, seconds)
+            ),
         }
     summary = {name: p.summary(seconds) for name, p in phases.items()}
     alone, both, hog_alone = summary["victim_alone"], summary["both"], summary["hog_alone"]
@@ -225,6 +233,8 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         "phases": summary,
         "victim_p95_ratio": ratio_p95,
         "aggregate_ratio_to_hog_alone": ratio_tps,
+        "hog_alone_capped_over_whole_batch": hog_alone["aggregate_tokens_per_s"]
+        / max(summary["hog_alone_whole_batch"]["aggregate_tokens_per_s"], 1e-9),
         "health_p99_ms_worst_phase": health,
         "goals": goals,
     }
@@ -243,6 +253,10 @@ def table(result: dict[str, Any]) -> str:
         )
     rows.append(f"   victim p95 both/alone: {result['victim_p95_ratio']}")
     rows.append(f"   aggregate both/hog alone: {result['aggregate_ratio_to_hog_alone']:.3f}")
+    rows.append(
+        "   hog alone, default row cap / whole batch: "
+        f"{result['hog_alone_capped_over_whole_batch']:.3f}"
+    )
     rows.append(f"   goals: {json.dumps(result['goals'])}")
     return "\n".join(rows)
 
