@@ -63,7 +63,7 @@ STATUSES: dict[str, set[int]] = {
     "/v1/chat/completions": _AUTHENTICATED | {404, 429, 503},
     "/v1/completions": _AUTHENTICATED | {404, 429, 503},
     "/v1/models": _AUTHENTICATED,
-    "/tokenize": _AUTHENTICATED | {404, 503},
+    "/tokenize": _AUTHENTICATED | {404, 429, 503},
     "/admin/": _AUTHENTICATED | {404, 409, 503},
     "/audit/": _AUTHENTICATED | {404, 503},
     "/health": set(),
