@@ -15,6 +15,7 @@ further requests wait for their own turn, so one tenant cannot fill the helper t
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -61,9 +62,9 @@ class Prepared:
 
 MAX_PROMPT_CHARS: Final = 1_048_576
 """Most characters of one request's prompt before templating: the prompt, or every
-message's text and tool-call arguments together (1 MiB; each one text is capped at
-MAX_TEXT_CHARS too). Checked before the tokenizer runs; the context length refuses far
-less once tokenized, this only bounds the templating and tokenizing work."""
+message's text, tool-call arguments and tool definitions together (1 MiB; each text is
+capped at MAX_TEXT_CHARS too). Checked before the tokenizer runs; the context length
+refuses far less once tokenized, this only bounds the templating and tokenizing work."""
 TOKENIZING_PER_TENANT: Final = 2
 """One tenant's prompts templated and tokenized at the same time at most (its further
 requests wait, other tenants' do not)."""
@@ -96,9 +97,11 @@ _tokenizing = TenantGate(TOKENIZING_PER_TENANT)
 
 
 def prompt_chars(cmd: Generate) -> int:
-    """Characters of the prompt before templating (cheap: no tokenizer, no template)."""
+    """Characters of the prompt before templating (cheap: no tokenizer, no template): the
+    messages' text, their tool calls' arguments and the tool definitions the template
+    presents."""
     if cmd.messages is not None:
-        total = 0
+        total = sum(len(json.dumps(d)) for d in cmd.tools.definitions) if cmd.tools else 0
         for m in cmd.messages:
             content = m.get("content")
             total += len(content) if isinstance(content, str) else 0

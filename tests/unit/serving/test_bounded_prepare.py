@@ -148,3 +148,17 @@ async def test_check_output_validates_tool_arguments() -> None:
     with pytest.raises(ConstraintError, match="does not match"):
         await tool_output.check_output(text.replace("a" * 40, "a" * 39), None, tools)
     assert time.perf_counter() - t0 < 0.5
+
+
+def test_prompt_chars_counts_the_tool_definitions() -> None:
+    from gateway.serving.commands import Tools, ToolSpec
+
+    definition = {"type": "function", "function": {"name": "f", "description": "d" * 100}}
+    tools = Tools((ToolSpec("f", {"type": "object"}),), (definition,))
+    cmd = Generate(
+        endpoint="chat.completions",
+        model="m",
+        messages=({"role": "user", "content": "abc"},),
+        tools=tools,
+    )
+    assert prep.prompt_chars(cmd) > 103
