@@ -4,12 +4,13 @@
 logit_bias ids against the vocabulary, compiles the response_format grammar (cached per
 schema) and builds the ``RequestFeatures`` the policy decides on, once.
 
-Nothing here runs unbounded work on the event loop: first a cheap check of the raw prompt
-size (MAX_PROMPT_CHARS, before any templating), then templating and tokenization in a helper
-thread (the Rust tokenizers and jinja need no torch; the inference thread is the only one
-that runs torch), at most TOKENIZING_PER_TENANT of one tenant's at a time (the tenant's
-further requests wait for their own turn, so one tenant cannot fill the helper threads).
-/tokenize goes through the same path, after `admit_tokenize` charged the tenant a request.
+Nothing here runs unbounded work on the event loop: first cheap checks of the raw prompt
+(MAX_PROMPT_CHARS; `check_fits`: more characters than the context could hold), before any
+templating, then templating and tokenization in a helper thread (the Rust tokenizers and
+jinja need no torch; the inference thread is the only one that runs torch), at most
+TOKENIZING_PER_TENANT of one tenant's at a time (the tenant's further requests wait for
+their own turn, so one tenant cannot fill the helper threads). /tokenize goes through the
+same path, after `admit_tokenize` charged the tenant a request.
 """
 
 from __future__ import annotations
