@@ -120,7 +120,12 @@ class Settings:
     """CPU threads of the inference thread's torch kernels; default torch's own choice (the
     physical cores). The inference thread is the only one that runs torch."""
     audit_fail_closed: bool = True
-    """If the audit store cannot be written, refuse inference with 503 (default)."""
+    """If the audit store cannot be written, refuse inference with 503 (default): a request
+    whose admission record cannot be written is refused before any output."""
+    shutdown_grace_s: int = 30
+    """On shutdown (SIGTERM): seconds the requests in flight get to finish; new ones are
+    refused meanwhile. Those still running then are ended at their next step and recorded
+    (503, ``shutting_down``). GATEWAY_SHUTDOWN_GRACE_S."""
     max_body_bytes: int = 10_000_000
     """Largest request body, in bytes (Litestar's ``request_max_body_size``, whose default
     this keeps): a larger one is refused with 413 in OpenAI's error shape before it is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.generation import Generation
 from gateway.serving.prepare import admit_tokenize, tokenize_off_loop
+from gateway.serving.recorder import shutting_down
 
 
 def services(request: Request[Any, Any, Any]) -> Services:
@@ -65,18 +67,82 @@ async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]
         await svc.generation.refuse(principal, meta, cmd, err)
         return error_response(err, base_headers)
     headers = {**gen.headers(), **convert.ratelimit_headers(gen.quota)}
+    if gen.aborted is not None:  # its admission record could not be written: no output
+        await _finish_or_error(gen, STATUS[gen.aborted.kind], gen.aborted)
+        return error_response(gen.aborted, headers)
     if cmd.stream:
         return Stream(_stream(gen), media_type="text/event-stream", headers=headers)
     try:
-        results = await gen.collect()
+        results = await _collect(request, gen)
     except GatewayError as err:
         gen.cancel()
         await _finish_or_error(gen, STATUS[err.kind], err)
         return error_response(err, headers)
+    except _ClientGone:  # nobody to answer: the runs stop at their next step, recorded 499
+        gen.cancel()
+        await _finish_or_error(gen, CLIENT_GONE, None)
+        return Response(b"", status_code=CLIENT_GONE, headers=headers)
+    except asyncio.CancelledError:  # the server ended this handler (shutdown)
+        _finish_cancelled(gen)
+        raise
     audit_error = await _finish_or_error(gen, 200, None)
     if audit_error is not None:
         return error_response(audit_error, headers)
     return Response(full_response(gen, results), headers=headers)
+
+
+CLIENT_GONE = 499
+"""The status recorded for a request whose client went away (nginx's convention)."""
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _client_gone(request: Request[Any, Any, Any]) -> None:
+    """Return once the client has disconnected. The body has been read, so the server's next
+    ASGI message for this request is ``http.disconnect``, sent when the connection closes
+    (or, some servers, once the response is complete: then nobody is waiting for this)."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # a server that cannot tell: never claim the client left
+        await asyncio.Event().wait()
+
+
+async def _collect(request: Request[Any, Any, Any], gen: Generation) -> list[Any]:
+    """``gen.collect()``, raced against the client leaving (``_ClientGone``) and the request
+    being ended from outside (``gen.aborted``, e.g. shutdown): a non-streamed request stops
+    at the next step when nobody waits for it, as a stream does."""
+    collect = asyncio.ensure_future(gen.collect())
+    watchers = [
+        asyncio.ensure_future(_client_gone(request)),
+        asyncio.ensure_future(gen.aborted_event.wait()),
+    ]
+    try:
+        await asyncio.wait([collect, *watchers], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in watchers:
+            task.cancel()
+        if not collect.done():
+            collect.cancel()  # leaves the engine's event streams: the runs are cancelled
+            await asyncio.gather(collect, return_exceptions=True)
+    if gen.aborted is not None:
+        raise gen.aborted
+    if not collect.cancelled():
+        return collect.result()  # type: ignore[no-any-return]
+    raise _ClientGone
+
+
+def _finish_cancelled(gen: Generation) -> None:
+    """A handler ended by cancellation: a client gone (499), or a shutdown's (503)."""
+    gen.cancel()
+    draining = gen.service.recorder.draining
+    if draining is None:
+        gen.finish_detached(CLIENT_GONE)
+    else:
+        err = gen.aborted or shutting_down(draining)
+        gen.finish_detached(STATUS[err.kind], err)
 
 
 async def _finish_or_error(
@@ -91,9 +157,11 @@ async def _finish_or_error(
 
 
 async def _stream(gen: Generation) -> AsyncIterator[bytes]:
-    """SSE: chunks, the final chunk, usage (when asked), then [DONE]. The audit record is
-    written before the final usage chunk; a client that disconnects cancels the engine run
-    at its next step and the record is written with status 499."""
+    """SSE: chunks, the final chunk, usage (when asked), then [DONE]. The admission record
+    was durable before the first chunk (``start``); the final record is written before the
+    final usage chunk. A client that disconnects cancels the engine run at its next step
+    and the record is written with status 499; a request ended by a shutdown ends with an
+    error chunk (503, ``shutting_down``)."""
     writer = ChunkWriter(gen)
     completed = False
     try:
@@ -102,6 +170,8 @@ async def _stream(gen: Generation) -> AsyncIterator[bytes]:
         async for index, delta in gen.deltas():
             for chunk in writer.deltas(index, delta.text, delta.logprobs):
                 yield _sse(chunk)
+        if gen.aborted is not None:
+            raise gen.aborted
         assert gen.result is not None
         for chunk in writer.last():
             yield _sse(chunk)
@@ -120,7 +190,7 @@ async def _stream(gen: Generation) -> AsyncIterator[bytes]:
     finally:
         gen.cancel()
         if not completed:
-            gen.finish_detached(499)
+            _finish_cancelled(gen)
 
 
 # The OpenAI routes document their body with DeferredBody and get it undecoded (``data``):

@@ -83,12 +83,16 @@ class Services:
         }
 
     async def close(self) -> None:
-        """Finish what was accepted: the worker's jobs, background writes, then the store."""
+        """Finish what was accepted, for at most the shutdown grace (then what still runs is
+        ended and recorded, ``Recorder.close_open``): the worker's jobs, background writes,
+        then the store."""
         if self.sync_task is not None:
             self.sync_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.sync_task
-        await asyncio.to_thread(self.worker.stop)
+        grace = self.settings.shutdown_grace_s
+        await self.recorder.close_open(grace)  # drain, bounded; then end and record the rest
+        await asyncio.to_thread(self.worker.stop, grace)
         await self.recorder.drain()
         await self.policy.stop()
         await self.writer.stop()

@@ -1,4 +1,5 @@
-"""Translate a request's decision, models and engine result into one audit record.
+"""Translate a request's decision, models and engine result into its audit records: the
+admission (before the first output byte) and the final record that completes it.
 
 serving is the only layer that sees both the policy decision and the audit store, so this
 mapping lives here (DESIGN: the audit store never imports the policy package).
@@ -10,7 +11,7 @@ import json
 import time
 from typing import Any
 
-from gateway.database import RequestRecord
+from gateway.database import Admission, RequestRecord
 from gateway.database import sha256_text as _sha
 from gateway.engine import DecodeResult
 from gateway.serving.commands import Generate, Principal, RequestMeta
@@ -88,6 +89,7 @@ def served_record(
     completion_text: str,
     first_token_at: float | None,
     tool_names: tuple[str, ...] = (),
+    admission_id: int | None = None,
 ) -> RequestRecord:
     stats = result.stats if result else None
     speculative = decision.mode == "speculative"
@@ -118,4 +120,41 @@ def served_record(
         completion_sha256=_sha(completion_text),
         tool_calls=len(tool_names) if cmd.constraint == "tools" else None,
         tool_names=tool_names if cmd.constraint == "tools" else None,
+        admission_id=admission_id,
+    )
+
+
+def admission_record(
+    *,
+    meta: RequestMeta,
+    principal: Principal,
+    decision: Any,
+    target: Any,
+    draft: Any | None,
+    prompt_text: str,
+    prompt_tokens: int,
+) -> Admission:
+    """What is durable before the first output byte: who, the decision, the models, the
+    prompt's digest (the final record repeats them and adds the outcome)."""
+    speculative = decision.mode == "speculative"
+    assert principal.tenant_id is not None
+    return Admission(
+        request_id=meta.request_id,
+        tenant_id=principal.tenant_id,
+        key_id=principal.key_id,
+        endpoint=meta.endpoint,
+        decision_id=decision.decision_id,
+        mode=decision.mode,
+        proposer=decision.proposer if speculative else None,
+        reason_codes=tuple(decision.reason_codes),
+        policy_revision=decision.policy_revision,
+        target_model=target.name,
+        target_version=target.version,
+        target_sha256=target.sha256,
+        draft_model=draft.name if draft else None,
+        draft_version=draft.version if draft else None,
+        draft_sha256=draft.sha256 if draft else None,
+        prompt_tokens=prompt_tokens,
+        prompt_sha256=_sha(prompt_text),
+        trace_id=meta.trace_id,
     )

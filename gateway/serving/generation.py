@@ -1,16 +1,18 @@
 """One request, one pipeline: authorize -> validate -> choose draft -> decide -> admit -> run
 -> finish.
 
-``GenerationService.start`` runs the first six steps, one call each, and returns the
+``GenerationService.start`` runs the first six steps, one call each, writes the admission
+record (durable before the caller sends any byte: record first, act second) and returns the
 started ``Generation``; the caller streams its deltas and then calls ``finish`` exactly
 once (``refuse`` for a request that never started). ``finish`` is the one way back:
-settle the rate limit, write the audit record (durable before the caller sends the last
-byte, so nothing is served unaudited), feed the rollout guard, then the acceptance
+settle the rate limit, write the final audit record that completes the admission (durable
+before the caller sends the last byte), feed the rollout guard, then the acceptance
 history, in that order. Metrics and logs listen to the recorder.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -28,7 +30,7 @@ from gateway.engine import (
     KPrior,
 )
 from gateway.engine.constraints.json_schema import ConstraintError
-from gateway.serving.audit_map import refused_record, served_record
+from gateway.serving.audit_map import admission_record, refused_record, served_record
 from gateway.serving.choices import merged_events, merged_result, seed_of
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.decisions import Plan, PolicyService
@@ -74,6 +76,11 @@ class Generation:
     service: GenerationService
     first_token_at: float | None = None
     finished: bool = False
+    admission_id: int | None = None
+    """The admission record's id (written before any output); None when none was written."""
+    aborted: GatewayError | None = None
+    """Why the request was ended from outside (admission unwritable, shutdown), if it was."""
+    aborted_event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def result(self) -> DecodeResult | None:
@@ -196,13 +203,23 @@ class Generation:
         for c in self.choices:
             c.job.cancelled.set()
 
-    def finish_detached(self, status: int) -> None:
-        """finish() from a cancelled context (client disconnect): runs in the background."""
+    def abort(self, error: GatewayError) -> None:
+        """End the request from outside (shutdown, an unwritable admission): its engine runs
+        stop at their next step and the caller answers and records ``error``."""
+        if self.aborted is None:
+            self.aborted = error
+            self.aborted_event.set()
+        self.cancel()
+
+    def finish_detached(self, status: int, error: GatewayError | None = None) -> None:
+        """finish() from a cancelled context (client disconnect, shutdown): runs in the
+        background."""
         if not self.finished:
-            self.service.recorder.detach(self.finish(status))
+            self.service.recorder.detach(self.finish(status, error))
 
     async def finish(self, status: int = 200, error: GatewayError | None = None) -> None:
-        """Write the audit record (durable on return). Call exactly once."""
+        """Write the final audit record, which completes the admission (durable on return).
+        Call exactly once."""
         if not self.finished:
             self.finished = True
             await self.service.finish(self, Outcome(status=status, error=error))
@@ -256,9 +273,32 @@ class GenerationService:
             tenant, plan, prepared, cmd.n
         )  # 5. the tenant's rate limits
         draft, choices = await self._run(cmd, prepared, plan, ticket, tenant)  # 6. queue
-        return Generation(
+        gen = Generation(
             meta, principal, cmd, prepared, plan, quota, ticket, draft, choices, self
         )  # fmt: skip
+        await self._record_admission(gen)  # 7. durable before any output byte leaves
+        return gen
+
+    async def _record_admission(self, gen: Generation) -> None:
+        """Record first, act second: the admission is durable before the caller sends a
+        byte (its write overlaps the prefill the worker has begun). Fail-closed, a failed
+        write aborts the request: ``gen.aborted`` is set, its runs stop at their next step,
+        and the caller answers the error and finishes the request (the one way back)."""
+        admission = admission_record(
+            meta=gen.meta, principal=gen.principal, decision=gen.plan.decision,
+            target=gen.prepared.entry, draft=gen.draft.entry if gen.draft else None,
+            prompt_text=gen.prepared.prompt_text, prompt_tokens=len(gen.prompt_ids),
+        )  # fmt: skip
+        try:
+            attrs = {"gateway.request_id": gen.meta.request_id}
+            with self.tracing.span("gateway.audit.admit", attrs):
+                gen.admission_id = await self.recorder.admit(admission, gen.abort)
+        except GatewayError as err:
+            gen.abort(err)
+        except BaseException:  # cancelled while writing: nobody will read the runs
+            gen.cancel()
+            gen.finish_detached(499)
+            raise
 
     async def finish(self, gen: Generation, outcome: Outcome) -> None:
         """7. The one way back, in order: limits, audit record, rollout guard, history."""
@@ -275,6 +315,7 @@ class GenerationService:
             prompt_tokens=len(gen.prompt_ids), result=result, completion_text=completion,
             first_token_at=gen.first_token_at,
             tool_names=tuple(c.name for c in gen.tool_calls()),
+            admission_id=gen.admission_id,
         )  # fmt: skip
         payload = None
         if gen.plan.retention_days > 0:

@@ -189,9 +189,18 @@ class InferenceWorker:
             self._started = True
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Finish the accepted jobs (cancelled ones end at their next step) and stop the
+        thread; wait at most ``timeout`` s (the shutdown grace), then leave it behind."""
         if self._started:
             self._inbox.put(None)
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                import logging  # (here: this edit keeps to stop())
+
+                logging.getLogger("gateway").warning(
+                    "inference thread still busy %g s after stop; shutting down without it",
+                    timeout,
+                )
 
     @property
     def thread_id(self) -> int | None:
