@@ -85,13 +85,31 @@ def to_json_ready(row: RowMapping | dict[str, Any]) -> dict[str, Any]:
     return {k: format_datetime(v) if isinstance(v, datetime) else v for k, v in row.items()}
 
 
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+"""First characters that make a spreadsheet read a cell as a formula (OWASP, CSV
+injection): a tenant's model name such as ``=HYPERLINK(...)`` must reach an auditor's
+spreadsheet as text."""
+
+
+def csv_cell(value: Any) -> Any:
+    """One CSV cell: None empty, lists and objects as JSON, and text that a spreadsheet would
+    run as a formula prefixed with a single quote (numbers stay numbers: ``-1.5`` is data)."""
+    if value is None:
+        return ""
+    if isinstance(value, list | dict):
+        value = json.dumps(value)
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
 def csv_line(values: list[Any]) -> str:
+    """One CSV line (``\\n`` ended) of escaped cells (:func:`csv_cell`)."""
     buf = io.StringIO()
-    cells = [
-        "" if v is None else json.dumps(v) if isinstance(v, list | dict) else v for v in values
-    ]
-    csv.writer(buf, lineterminator="\n").writerow(cells)
-    return buf.getvalue()
+    # "\r\n" as the writer's terminator makes it quote a cell holding either character (with
+    # "\n" alone a carriage return went out unquoted and split the row); lines end in "\n"
+    csv.writer(buf, lineterminator="\r\n").writerow([csv_cell(v) for v in values])
+    return buf.getvalue()[:-2] + "\n"
 
 
 class QueryMixin(StoreBase):
