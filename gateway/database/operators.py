@@ -4,6 +4,14 @@ A principal has a name and one role; its keys are ``api_keys`` rows that name it
 its role. Like the accounts, each mutation with ``actor=`` chains its admin event
 (``principal.created``, ``principal.disabled``, ``key.created``, ``key.rotated``) in the same
 transaction. Dicts carry aware UTC datetimes.
+
+A key never outlives what it was issued for: rotation hands the successor the old key's
+expiry (an earlier one may be asked, never a later one), and runs its checks and inserts in
+one write transaction that holds the principal's row (``FOR UPDATE`` on PostgreSQL; SQLite
+writers are serialized by ``BEGIN IMMEDIATE``), so a rotation and a ``disable_principal``
+happen one after the other: a disabled principal gets no successor, and a successor issued
+first is revoked by the disable. Lookup refuses the keys of a disabled principal even if a
+key row escaped the revocation.
 """
 
 from __future__ import annotations
@@ -14,8 +22,8 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from gateway.database.accounts import AccountsMixin
-from gateway.database.audit.types import OPERATOR_ROLES, AdminEvent
+from gateway.database.accounts import AccountsMixin, hash_key
+from gateway.database.audit.types import OPERATOR_ROLES, AdminEvent, KeyInfo
 from gateway.database.base import utcnow
 from gateway.database.tables import KEYS
 from gateway.database.tables_shared import PRINCIPALS
@@ -28,7 +36,37 @@ class PrincipalExists(Exception):
     """``create_principal`` was given a name that is taken."""
 
 
+def successor_expiry(old: datetime | None, asked: datetime | None) -> datetime | None:
+    """The expiry of a rotated key's successor: the earlier of the old key's and the one
+    asked for (None is never), so rotation cannot lengthen a key's life."""
+    if old is None or asked is None:
+        return old if asked is None else asked
+    return min(old, asked)
+
+
 class OperatorsMixin(AccountsMixin):
+    async def lookup_key(self, plaintext: str) -> KeyInfo | None:
+        """The key a presented secret belongs to (revoked ones too: check ``revoked``). An
+        operator key whose principal is disabled counts as revoked, whatever its row says."""
+        cols = ("id", "tenant_id", "role", "revoked_at", "principal", "expires_at", "last_used_at")
+        stmt = (
+            select(*(KEYS.c[c] for c in cols), PRINCIPALS.c.disabled_at)
+            .select_from(KEYS.outerjoin(PRINCIPALS, PRINCIPALS.c.name == KEYS.c.principal))
+            .where(KEYS.c.key_hash == hash_key(plaintext))
+        )
+        row = await self._query(lambda conn: conn.execute(stmt).first())
+        if row is None:
+            return None
+        return KeyInfo(
+            id=row.id,
+            tenant_id=row.tenant_id,
+            role=row.role,
+            revoked=row.revoked_at is not None or row.disabled_at is not None,
+            principal=row.principal,
+            expires_at=row.expires_at,
+            last_used_at=row.last_used_at,
+        )
+
     async def create_principal(
         self, name: str, role: str, *, actor: str, expires_at: datetime | None = None
     ) -> tuple[dict[str, Any], str, str]:
@@ -61,9 +99,9 @@ class OperatorsMixin(AccountsMixin):
         """Another key for an active principal; None when it is unknown or disabled."""
         async with self._write() as conn:
             found = await conn.execute(
-                select(PRINCIPALS.c.role).where(
-                    PRINCIPALS.c.name == name, PRINCIPALS.c.disabled_at.is_(None)
-                )
+                select(PRINCIPALS.c.role)
+                .where(PRINCIPALS.c.name == name, PRINCIPALS.c.disabled_at.is_(None))
+                .with_for_update()  # a concurrent disable waits, then revokes this key too
             )
             role = found.scalar_one_or_none()
             if role is None:
@@ -107,32 +145,47 @@ class OperatorsMixin(AccountsMixin):
 
     async def rotate_key(
         self, key_id: str, grace: timedelta, *, actor: str, expires_at: datetime | None = None
-    ) -> tuple[str, str, datetime] | None:
+    ) -> tuple[str, str, datetime, datetime | None] | None:
         """Issue a successor of ``key_id`` (same tenant, role and principal) and let the old
-        key live until now + ``grace`` (or its own earlier expiry). Returns ``(new key id,
-        plaintext, old key's end)``, or None when ``key_id`` is unknown, revoked or expired."""
+        key live until now + ``grace`` (or its own earlier expiry). The successor expires
+        when the old key would have (or at ``expires_at`` when that is earlier: see
+        :func:`successor_expiry`). Returns ``(new key id, plaintext, old key's end, new
+        key's expiry)``, or None when ``key_id`` is unknown, revoked, expired or held by a
+        disabled principal. One transaction: checks, insert and the old key's new end."""
         now = utcnow()
-        async with self._read() as conn:
-            found = await conn.execute(select(KEYS).where(KEYS.c.id == key_id))
-            old = found.mappings().first()
-        if old is None or old["revoked_at"] is not None:
-            return None
-        if old["expires_at"] is not None and old["expires_at"] <= now:
-            return None
-        end = now + grace
-        if old["expires_at"] is not None:
-            end = min(end, old["expires_at"])
         async with self._write() as conn:
+            # the principal's row first, then the key's: disable_principal's order (no
+            # deadlock); a key's principal never changes, so reading it unlocked is safe
+            held = await conn.execute(select(KEYS.c.principal).where(KEYS.c.id == key_id))
+            principal = held.scalar_one_or_none()
+            if principal is not None:  # locked until commit: a disable waits for us
+                active = await conn.execute(
+                    select(PRINCIPALS.c.name)
+                    .where(PRINCIPALS.c.name == principal, PRINCIPALS.c.disabled_at.is_(None))
+                    .with_for_update()
+                )
+                if active.first() is None:
+                    return None
+            found = await conn.execute(select(KEYS).where(KEYS.c.id == key_id).with_for_update())
+            old = found.mappings().first()
+            if old is None or old["revoked_at"] is not None:
+                return None
+            if old["expires_at"] is not None and old["expires_at"] <= now:
+                return None
+            end = now + grace
+            if old["expires_at"] is not None:
+                end = min(end, old["expires_at"])
+            expiry = successor_expiry(old["expires_at"], expires_at)
             new_id, plaintext = await self.create_key(
                 old["tenant_id"], old["role"], actor=actor, principal=old["principal"],
-                expires_at=expires_at, action="key.rotated", conn=conn,
+                expires_at=expiry, action="key.rotated", conn=conn,
             )  # fmt: skip
             await conn.execute(update(KEYS).where(KEYS.c.id == key_id).values(expires_at=end))
             before = {"expires_at": old["expires_at"].isoformat() if old["expires_at"] else None}
             after = {"expires_at": end.isoformat(), "successor": new_id}
             event = AdminEvent(actor, "key.expiry_set", key_id, before, after)
             await self._append_event(conn, event)
-        return new_id, plaintext, end
+        return new_id, plaintext, end, expiry
 
     async def touch_key(self, key_id: str, last_used_at: datetime | None) -> None:
         """Record a use of the key when the stored one is older than TOUCH_EVERY."""

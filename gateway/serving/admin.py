@@ -85,7 +85,8 @@ class AdminService:
     async def rotate_key(
         self, key_id: str, grace_s: int, actor: str, expires_in_s: int | None = None
     ) -> dict[str, Any]:
-        """A successor key (shown once); the old one works until the grace period ends."""
+        """A successor key (shown once); the old one works until the grace period ends. The
+        successor keeps the old key's expiry (``expires_in_s`` may only shorten it)."""
         grace = timedelta(seconds=grace_s)
         got = await self.store.rotate_key(
             key_id, grace, actor=actor, expires_at=_expiry(expires_in_s)
@@ -94,11 +95,11 @@ class AdminService:
             raise GatewayError(
                 "not_found", f"no active key '{key_id}'", param="key_id", code="key_not_found"
             )
-        new_id, key, old_end = got
+        new_id, key, old_end, expires = got
         return {
             "id": new_id,
             "key": key,
-            "expires_at": _when(_expiry(expires_in_s)),
+            "expires_at": _when(expires),
             "replaces": {"id": key_id, "expires_at": old_end.isoformat()},
         }
 

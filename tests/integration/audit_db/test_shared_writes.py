@@ -72,7 +72,8 @@ async def test_principal_keys_rotate_and_list_without_secrets(store: Database) -
     assert info is not None and (info.principal, info.role) == ("alice", "rollout-operator")
     got = await store.rotate_key(key_id, timedelta(minutes=5), actor="alice")
     assert got is not None
-    new_id, new_secret, old_end = got
+    new_id, new_secret, old_end, new_end = got
+    assert new_end is None  # the old key never expired: neither does its successor
     assert timedelta(minutes=4) < old_end - datetime.now(UTC) <= timedelta(minutes=5)
     old, new = await store.lookup_key(secret), await store.lookup_key(new_secret)
     assert old is not None and old.expires_at == old_end and not old.revoked
