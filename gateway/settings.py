@@ -144,11 +144,19 @@ class Settings:
     (false, the default: counted in gateway_ratelimit_backend_errors_total and logged)."""
     oidc_jwks: str | None = None
     """Accept operators' OIDC / JWT bearer tokens signed by these keys: a JWKS file path or
-    an https:// URL (the identity provider's jwks_uri). Unset: API keys only."""
+    an https:// URL (the identity provider's jwks_uri; http:// is refused at start except to
+    a loopback host). Read again every 5 minutes and on a token with an unknown key id (at
+    most once per 30 s); a key the provider removed is refused from the next read. Unset:
+    API keys only."""
     oidc_issuer: str | None = None
-    """Required ``iss`` of accepted tokens (unset: not checked)."""
+    """Required ``iss`` of accepted tokens. Required with ``oidc_jwks`` (the start fails
+    without it) unless ``oidc_allow_unchecked_claims``."""
     oidc_audience: str | None = None
-    """Required ``aud`` of accepted tokens (unset: not checked)."""
+    """Required ``aud`` of accepted tokens (the gateway's client id at the provider).
+    Required with ``oidc_jwks`` unless ``oidc_allow_unchecked_claims``."""
+    oidc_allow_unchecked_claims: bool = False
+    """``true``: start without ``oidc_issuer`` / ``oidc_audience`` and leave the unset claim
+    unchecked (any token the provider signs, for any application, is then accepted)."""
     oidc_role_claim: str = "roles"
     """Claim holding the operator role(s); a dotted path reaches nested claims
     (``realm_access.roles``)."""

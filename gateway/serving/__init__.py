@@ -182,7 +182,8 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
 
 
 def make_oidc(settings: Settings) -> OidcVerifier | None:
-    """Operators' identity-provider tokens when GATEWAY_OIDC_JWKS is set."""
+    """Operators' identity-provider tokens when GATEWAY_OIDC_JWKS is set; ValueError when
+    the settings are unsafe (no issuer or audience, a JWKS over plain http)."""
     if not settings.oidc_jwks:
         return None
     return OidcVerifier(
@@ -190,6 +191,7 @@ def make_oidc(settings: Settings) -> OidcVerifier | None:
             jwks=settings.oidc_jwks, issuer=settings.oidc_issuer,
             audience=settings.oidc_audience, role_claim=settings.oidc_role_claim,
             name_claim=settings.oidc_name_claim,
+            allow_unchecked_claims=settings.oidc_allow_unchecked_claims,
         )
     )  # fmt: skip
 
