@@ -14,6 +14,11 @@ per-request series is labelled by tenant, mode, proposer and draft (``name@versi
   / gateway_generation_tokens (the forwards a request waited on, per token it got);
 - verify overhead = a speculative verify step's mean time (target_forward_seconds /
   target_forwards) over a standard step's.
+
+Calls to the inference endpoints that fail authentication (no key, a wrong, revoked or
+expired key or token: 401) are not in the audit chain (anyone could grow it); they are
+counted here, in ``gateway_unauthenticated_requests_total`` by endpoint, as well as in
+``gateway_requests`` (tenant ``-``, status 401).
 """
 
 from __future__ import annotations
@@ -85,6 +90,11 @@ class Metrics:
             "Time queued on the inference worker before the row joined a batch",
             LATENCY_BUCKETS,
         )
+        self.unauthenticated = counter(
+            "gateway_unauthenticated_requests",
+            "Inference calls refused for want of a valid key or token (401; not audited)",
+            ["endpoint"],
+        )
         self.prompt_tokens = counter("gateway_prompt_tokens", "Prompt tokens", ["tenant"])
         self.cached_prompt_tokens = counter(
             "gateway_prompt_cached_tokens",
@@ -126,6 +136,8 @@ class Metrics:
         arm = arm_labels(record)
         tenant, mode = arm[0], arm[1]
         self.requests.labels(tenant, record.endpoint, str(record.status), mode).inc()
+        if record.error_type == "authentication":  # only authentication refuses with 401
+            self.unauthenticated.labels(record.endpoint).inc()
         per_request = (record.endpoint, *arm)
         if record.latency_ms is not None:
             self.latency.labels(*per_request).observe(record.latency_ms / 1000)

@@ -4,7 +4,9 @@ keys and tenant auditor keys.
 Expired keys are refused (401); each use is recorded at most once a minute.
 
 Keys are stored hashed (SHA-256); the admin key comes from GATEWAY_ADMIN_KEY or is
-generated on first start, printed once, and only its hash is kept on disk.
+generated on first start, printed once, and only its hash is kept on disk. A
+GATEWAY_ADMIN_KEY shorter than ADMIN_KEY_MIN_LENGTH or equal to a placeholder of the
+samples (``CHANGE_ME`` in deploy/, ``sk-admin-...`` in the README) stops the start.
 """
 
 from __future__ import annotations
@@ -26,8 +28,41 @@ from gateway.serving.oidc import OidcVerifier, looks_like_jwt
 log = logging.getLogger("gateway.auth")
 
 
+ADMIN_KEY_MIN_LENGTH = 16
+"""Characters a GATEWAY_ADMIN_KEY needs at least (a generated one has 41)."""
+SAMPLE_ADMIN_KEYS = frozenset(
+    {"change_me", "changeme", "change-me", "sk-admin-...", "sk-admin-", "replace_me",
+     "replace-me", "<admin-key>", "secret", "password", "admin"}
+)  # fmt: skip
+"""Placeholders of the samples (deploy/base/secret.yaml, README, docker-compose.yml) and
+other well-known ones, compared case-insensitively."""
+
+
+def check_admin_key(admin_key: str | None) -> None:
+    """Raise ValueError naming GATEWAY_ADMIN_KEY when it is set to a sample placeholder or
+    is too short to resist guessing (unset is fine: a key is generated)."""
+    if not admin_key:
+        return
+    key = admin_key.strip()
+    marker = key.lower()
+    if marker in SAMPLE_ADMIN_KEYS or "change_me" in marker or "changeme" in marker:
+        raise ValueError(
+            f"GATEWAY_ADMIN_KEY is the sample placeholder {key!r}: anyone who read the samples "
+            "knows it. Set a secret of your own (e.g. sk-admin- followed by the output of "
+            "`openssl rand -hex 24`), or unset it to have one generated."
+        )
+    if len(key) < ADMIN_KEY_MIN_LENGTH:
+        raise ValueError(
+            f"GATEWAY_ADMIN_KEY is {len(key)} characters long; at least "
+            f"{ADMIN_KEY_MIN_LENGTH} are required (e.g. sk-admin- followed by the output of "
+            "`openssl rand -hex 24`), or unset it to have one generated."
+        )
+
+
 def bootstrap_admin_hash(admin_key: str | None, var_dir: str) -> str:
-    """The admin key's hash; generates and prints a key on first start when none is set."""
+    """The admin key's hash; generates and prints a key on first start when none is set.
+    ValueError when the key set is a placeholder or too short (:func:`check_admin_key`)."""
+    check_admin_key(admin_key)
     if admin_key:
         return _sha(admin_key)
     path = Path(var_dir) / "admin_key.sha256"
