@@ -126,6 +126,22 @@ class Settings:
     """On shutdown (SIGTERM): seconds the requests in flight get to finish; new ones are
     refused meanwhile. Those still running then are ended at their next step and recorded
     (503, ``shutting_down``). GATEWAY_SHUTDOWN_GRACE_S."""
+    database_lock_timeout_ms: int = 5_000
+    """PostgreSQL ``lock_timeout`` of the gateway's connections: an audit write that waits
+    longer for a lock (another replica stuck holding the chain's lock, a ``LOCK TABLE``)
+    fails and its request gets 503 ``audit_unavailable`` instead of hanging. 0: no limit."""
+    database_statement_timeout_ms: int = 15_000
+    """PostgreSQL ``statement_timeout`` of the gateway's connections (lock waits included).
+    0: no limit. The migrations (``upgrade``) run without it."""
+    database_idle_in_transaction_timeout_ms: int = 60_000
+    """PostgreSQL ``idle_in_transaction_session_timeout``: the server ends a gateway session
+    idle this long inside a transaction, releasing the locks a stuck replica holds. 0: no
+    limit."""
+    retention_interval_s: int = 3600
+    """Seconds between runs of the retention job, which deletes prompt/completion payloads
+    past their tenant's ``payload_retention_days`` and records each deletion as an admin
+    event (``audit.payloads_purged``); the first run is a few seconds after start. 0: never
+    (run ``python -m gateway.database purge`` from a scheduler of your own instead)."""
     max_body_bytes: int = 10_000_000
     """Largest request body, in bytes (Litestar's ``request_max_body_size``, whose default
     this keeps): a larger one is refused with 413 in OpenAI's error shape before it is

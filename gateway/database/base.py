@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -48,11 +49,56 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def make_engine(url: str) -> AsyncEngine:
-    """An async engine for any SQLAlchemy async URL, tuned for a durable audit log."""
+@dataclass(frozen=True)
+class Timeouts:
+    """PostgreSQL session limits of the gateway's connections, in milliseconds (0: none).
+
+    Without them one replica stuck inside a transaction (holding the chain's advisory lock
+    or a row lock) stalls every other replica's audit appends for as long as it is stuck;
+    with them a waiting write fails after ``lock_ms`` and the request gets a 503
+    (``audit_unavailable``), and the stuck session itself is ended by the server after
+    ``idle_in_transaction_ms`` idle inside its transaction, releasing its locks."""
+
+    lock_ms: int = 5_000
+    """``lock_timeout``: longest wait for any lock (tables, rows, the chains' advisory
+    locks)."""
+    statement_ms: int = 15_000
+    """``statement_timeout``: longest run of one statement, lock waits included."""
+    idle_in_transaction_ms: int = 60_000
+    """``idle_in_transaction_session_timeout``: a session idle this long inside an open
+    transaction is ended by the server."""
+
+    def __post_init__(self) -> None:
+        for name, ms in self._values().items():
+            if ms < 0:
+                raise ValueError(f"{name} must be >= 0 ms (0: no limit), got {ms}")
+
+    def _values(self) -> dict[str, int]:
+        return {
+            "lock_timeout": self.lock_ms,
+            "statement_timeout": self.statement_ms,
+            "idle_in_transaction_session_timeout": self.idle_in_transaction_ms,
+        }
+
+    def server_settings(self) -> dict[str, str]:
+        """asyncpg's ``server_settings`` (sent with the connection's start-up message)."""
+        return {name: str(ms) for name, ms in self._values().items()}
+
+
+DEFAULT_TIMEOUTS = Timeouts()
+
+
+def make_engine(url: str, timeouts: Timeouts | None = None) -> AsyncEngine:
+    """An async engine for any SQLAlchemy async URL, tuned for a durable audit log.
+    ``timeouts``: PostgreSQL session limits (asyncpg), None for none (migrations, whose
+    DDL may rightly run long); ignored by SQLite (its ``busy_timeout`` pragma bounds a
+    lock wait)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_async_engine(parsed, pool_pre_ping=True, connect_args={"timeout": 10})
+        connect_args: dict[str, Any] = {"timeout": 10}
+        if timeouts is not None and parsed.get_driver_name() == "asyncpg":
+            connect_args["server_settings"] = timeouts.server_settings()
+        return create_async_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
     engine = create_async_engine(
         parsed,
         connect_args={"timeout": 30},

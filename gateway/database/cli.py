@@ -3,13 +3,16 @@
     python -m gateway.database [--database-url URL] export --format jsonl|csv [filters] [--output F]
     python -m gateway.database verify            # JSON report; exit 0 ok, 2 broken
     python -m gateway.database summary [filters] [--format json|csv]
-    python -m gateway.database purge [--now ISO]  # delete expired payloads
+    python -m gateway.database purge [--now ISO] [--actor NAME]  # delete expired payloads
     python -m gateway.database upgrade           # alembic upgrade head (production job)
 
 URL: ``--database-url``, else env ``GATEWAY_DATABASE_URL``, else gateway.db in env
 ``GATEWAY_VAR_DIR`` (as the gateway), else ``sqlite+aiosqlite:///var/gateway.db``.
 Filters: --tenant, --since/--until (ISO 8601; naive means UTC), --mode, --target-model,
 --target-version, --draft-model, --draft-version, --status, --decision-id. Progress goes to stderr.
+A purge is recorded in the admin events (``audit.payloads_purged``, by ``--actor``, default
+``cli:$USER``), even one that found nothing expired; the gateway runs the same purge on a
+schedule (``GATEWAY_RETENTION_INTERVAL_S``).
 """
 
 from __future__ import annotations
@@ -74,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_filters(summary)
     purge = sub.add_parser("purge", help="delete expired prompt/completion payloads")
     purge.add_argument("--now", type=parse_time, help="purge as of this time (default now)")
+    purge.add_argument(
+        "--actor",
+        default=f"cli:{os.environ.get('USER') or 'unknown'}",
+        help="who the admin event names (default cli:$USER)",
+    )
     sub.add_parser("upgrade", help="alembic upgrade head")
     return parser
 
@@ -114,8 +122,8 @@ async def run(args: argparse.Namespace, out: TextIO) -> int:
             _write_rows(rows, args.format, out)
             return 0
         if args.command == "purge":
-            deleted = await store.purge_payloads(args.now)
-            out.write(json.dumps({"purged": deleted}) + "\n")
+            done = await store.purge_expired(args.actor, args.now, record_empty=True)
+            out.write(json.dumps({"purged": done.purged, "events": list(done.events)}) + "\n")
             return 0
     finally:
         await store.close()

@@ -17,21 +17,25 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.database.audit.queries import QueryMixin
 from gateway.database.audit.records import AuditMixin
+from gateway.database.audit.retention import RetentionMixin
 from gateway.database.audit.types import AuditUnavailable
-from gateway.database.base import make_engine
+from gateway.database.base import DEFAULT_TIMEOUTS, Timeouts, make_engine
 from gateway.database.history import HistoryMixin
 from gateway.database.operators import OperatorsMixin
 from gateway.database.rollouts import RolloutsMixin
 
 
-class Database(AuditMixin, QueryMixin, OperatorsMixin, RolloutsMixin, HistoryMixin):
+class Database(AuditMixin, RetentionMixin, QueryMixin, OperatorsMixin, RolloutsMixin, HistoryMixin):
     """The gateway's database. Create with :meth:`connect`; all methods are coroutines."""
 
     @classmethod
-    async def connect(cls, url: str, *, upgrade: bool = False) -> Database:
+    async def connect(
+        cls, url: str, *, upgrade: bool = False, timeouts: Timeouts = DEFAULT_TIMEOUTS
+    ) -> Database:
         """Open ``url`` (any SQLAlchemy async URL). Lazy: a bad database surfaces as
         :class:`AuditUnavailable` on the first write, unless ``upgrade=True`` runs
-        ``alembic upgrade head`` now (raising :class:`AuditUnavailable` on failure)."""
+        ``alembic upgrade head`` now (raising :class:`AuditUnavailable` on failure).
+        ``timeouts``: PostgreSQL lock / statement limits of every connection (base.py)."""
         if upgrade:
             from gateway.database.migrate import upgrade_to_head_async
 
@@ -39,7 +43,7 @@ class Database(AuditMixin, QueryMixin, OperatorsMixin, RolloutsMixin, HistoryMix
                 await upgrade_to_head_async(url)
             except (SQLAlchemyError, OSError) as exc:
                 raise AuditUnavailable(f"cannot migrate audit database: {exc}") from exc
-        return cls(make_engine(url))
+        return cls(make_engine(url, timeouts))
 
     async def close(self) -> None:
         await self._dispose()

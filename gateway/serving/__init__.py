@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gateway.database import AuditWriter, Database
+from gateway.database.base import Timeouts
 from gateway.engine import init_torch_thread, keep_verdicts
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
@@ -21,6 +22,7 @@ from gateway.serving.oidc import OidcConfig, OidcVerifier
 from gateway.serving.ratelimit import Limiter, Limits, RateLimiter
 from gateway.serving.ratelimit_redis import RedisRateLimiter
 from gateway.serving.recorder import Recorder
+from gateway.serving.retention import RetentionJob, start_retention
 from gateway.serving.rollouts import RolloutAdmin, RolloutTraffic, RolloutView
 from gateway.serving.tracing import Tracing
 from gateway.serving.worker import InferenceWorker, batch_rows
@@ -52,6 +54,8 @@ class Services:
     limiter: Limiter
     tracing: Tracing
     sync_task: asyncio.Task[None] | None = None
+    retention: RetentionJob | None = None
+    """The scheduled payload purge (serving/retention.py); None when disabled."""
 
     def start_sync(self) -> None:
         self.sync_task = asyncio.get_running_loop().create_task(self._sync_loop())
@@ -90,6 +94,8 @@ class Services:
             self.sync_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.sync_task
+        if self.retention is not None:
+            await self.retention.stop()
         grace = self.settings.shutdown_grace_s
         await self.recorder.close_open(grace)  # drain, bounded; then end and record the rest
         await asyncio.to_thread(self.worker.stop, grace)
@@ -104,7 +110,11 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     """``tracing``: the spans to make (default none, see serving/tracing.py)."""
     tracing = tracing or Tracing(None)
     Path(settings.var_dir).mkdir(parents=True, exist_ok=True)
-    store = await Database.connect(settings.database_url, upgrade=settings.migrate_on_start)
+    store = await Database.connect(
+        settings.database_url,
+        upgrade=settings.migrate_on_start,
+        timeouts=database_timeouts(settings),
+    )
     tracing.instrument_database(store.engine.sync_engine)
     writer = AuditWriter(store)
     await writer.start()
@@ -178,7 +188,17 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         tracing=tracing,
     )
     services.start_sync()
+    services.retention = start_retention(store, settings.retention_interval_s)
     return services
+
+
+def database_timeouts(settings: Settings) -> Timeouts:
+    """The PostgreSQL session limits of GATEWAY_DATABASE_*_TIMEOUT_MS."""
+    return Timeouts(
+        lock_ms=settings.database_lock_timeout_ms,
+        statement_ms=settings.database_statement_timeout_ms,
+        idle_in_transaction_ms=settings.database_idle_in_transaction_timeout_ms,
+    )
 
 
 def make_oidc(settings: Settings) -> OidcVerifier | None:

@@ -64,7 +64,7 @@ def test_export_verify_summary_purge(
     assert row["requests"] == 2 and row["acceptance_rate"] == pytest.approx(7 / 8)
 
     assert main(["--database-url", url, "purge", "--now", "2025-05-03"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"purged": 1}
+    assert json.loads(capsys.readouterr().out) == {"purged": 1, "events": [1]}  # recorded
 
     assert main(["--database-url", url, "verify"]) == 0
     assert json.loads(capsys.readouterr().out)["checked"] == 5
