@@ -171,7 +171,8 @@ def _re2(pattern: str) -> Any:
     try:
         compiled = re2.compile(pattern, options=_RE2_OPTIONS)
     except re2.error as exc:
-        message = exc.args[0].decode(errors="replace") if exc.args else str(exc)
+        reason = exc.args[0] if exc.args else exc
+        message = reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
         raise ConstraintError(f"the regex {pattern!r} is not supported: {message}") from None
     with _lock:
         _patterns[pattern] = compiled
