@@ -29,10 +29,15 @@ from typing import Any, TextIO
 
 from gateway.database.audit.queries import csv_line
 from gateway.database.audit.types import RecordFilter
+from gateway.database.base import Timeouts
 from gateway.database.migrate import DEFAULT_URL, upgrade_to_head_async
 from gateway.database.store import Database
 
 EXIT_BROKEN = 2
+CLI_TIMEOUTS = Timeouts(statement_ms=0)
+"""PostgreSQL limits of the CLI's connection: the gateway's lock limits (a purge does not
+wait behind a stuck replica for ever), no statement limit (an export or a summary over years
+of records may rightly run long; a purge's statements are bounded batches anyway)."""
 
 
 def parse_time(text: str) -> datetime:
@@ -106,7 +111,7 @@ async def run(args: argparse.Namespace, out: TextIO) -> int:
         await upgrade_to_head_async(args.database_url)
         print("database at head", file=sys.stderr)
         return 0
-    store = await Database.connect(args.database_url)
+    store = await Database.connect(args.database_url, timeouts=CLI_TIMEOUTS)
     try:
         if args.command == "export":
             if args.output:

@@ -4,13 +4,15 @@ tenant inference keys get 403."""
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from litestar import Request, get
 from litestar.di import Provide
 from litestar.params import Parameter
 from litestar.response import Stream
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.database import RecordFilter, sha256_text
 from gateway.database.audit.queries import decode_cursor
@@ -29,6 +31,8 @@ from gateway.limits import INT64_MAX
 from gateway.serving import Services
 from gateway.serving.commands import Principal
 from gateway.serving.errors import GatewayError, invalid
+
+T = TypeVar("T")
 
 
 def _svc(request: Request[Any, Any, Any]) -> Services:
@@ -102,6 +106,22 @@ def _limit(raw: str) -> int:
     return int(raw)
 
 
+async def _answered(query: Awaitable[T]) -> T:
+    """The query's answer, or 503 ``audit_unavailable`` when the database refuses it: down,
+    or past its lock or statement limit (``GATEWAY_DATABASE_*_TIMEOUT_MS``), rather than a
+    500. A streamed export has sent its status by then: a failure there ends the stream."""
+    try:
+        return await query
+    except SQLAlchemyError as exc:
+        raise GatewayError(
+            "unavailable",
+            "the audit store did not answer (down, or the query ran past its time limit); "
+            "retry shortly, or narrow the query with since/until",
+            code="audit_unavailable",
+            retry_after=2,
+        ) from exc
+
+
 async def _who(request: Request[Any, Any, Any]) -> Principal:
     return await _svc(request).auth.auditor(request.headers.get("authorization"))
 
@@ -118,7 +138,9 @@ async def records(
 ) -> dict[str, Any]:
     who = await _who(request)
     store = _svc(request).store
-    rows, nxt = await store.records(_filter(filters, who), _cursor(cursor), _limit(limit))
+    rows, nxt = await _answered(
+        store.records(_filter(filters, who), _cursor(cursor), _limit(limit))
+    )
     return {"data": rows, "next_cursor": nxt}
 
 
@@ -136,8 +158,8 @@ RecordId = Annotated[
 @get("/audit/records/{record_id:int}", summary="One audit record")
 async def record(request: Request[Any, Any, Any], record_id: RecordId) -> dict[str, Any]:
     who = await _who(request)
-    row = await _svc(request).store.record(
-        record_id, who.tenant_id if who.role == "auditor" else None
+    row = await _answered(
+        _svc(request).store.record(record_id, who.tenant_id if who.role == "auditor" else None)
     )
     if row is None:
         raise GatewayError("not_found", f"no audit record {record_id}", code="not_found")
@@ -172,7 +194,7 @@ async def export(
 )
 async def summary(request: Request[Any, Any, Any], filters: FilterQuery) -> dict[str, Any]:
     who = await _who(request)
-    return {"data": await _svc(request).store.summary(_filter(filters, who))}
+    return {"data": await _answered(_svc(request).store.summary(_filter(filters, who)))}
 
 
 @get("/audit/events", summary="Admin events (tenants, keys, policies, rollouts)")
@@ -190,11 +212,13 @@ async def events(
             "admin events are readable by operators (admin, auditor) only",
             code="forbidden",
         )
-    rows, nxt = await _svc(request).store.events(
-        since=_time(since, "since"),
-        until=_time(until, "until"),
-        cursor=_cursor(cursor),
-        limit=_limit(limit),
+    rows, nxt = await _answered(
+        _svc(request).store.events(
+            since=_time(since, "since"),
+            until=_time(until, "until"),
+            cursor=_cursor(cursor),
+            limit=_limit(limit),
+        )
     )
     return {"data": rows, "next_cursor": nxt}
 
@@ -202,7 +226,7 @@ async def events(
 @get("/audit/verify", summary="Verify the hash chain of the audit tables")
 async def verify(request: Request[Any, Any, Any]) -> dict[str, Any]:
     await _who(request)
-    return await _svc(request).store.verify()
+    return await _answered(_svc(request).store.verify())
 
 
 ROUTES = [records, record, export, summary, events, verify]

@@ -129,14 +129,14 @@ async def test_retention_interval_zero_disables_the_job(
 # -- 3. PostgreSQL: lock and statement timeouts, a clear 503 -------------------------------
 
 
-async def _completion_under_lock(
-    gw: Gateway, url: str, lock_sql: str, held_ms: int
+async def _under_lock(
+    gw: Gateway, url: str, lock_sql: str, held_ms: int, call: Callable[[], Awaitable[Any]]
 ) -> tuple[Any, float]:
     """Take ``lock_sql`` in an open transaction of a second connection, a replica stuck
     there (the server ends it after ``held_ms``: its idle_in_transaction_session_timeout),
-    and have the gateway serve one completion meanwhile; (the response, seconds taken).
-    The test client calls the app on a thread of its own and blocks this loop meanwhile, so
-    the lock's end must come from the server, not from this test."""
+    and ``call`` the gateway meanwhile; (its response, seconds taken). The test client calls
+    the app on a thread of its own and blocks this loop meanwhile, so the lock's end must
+    come from the server, not from this test."""
     settings = {"idle_in_transaction_session_timeout": str(held_ms)}
     stuck = create_async_engine(url, connect_args={"server_settings": settings})
     try:
@@ -144,13 +144,21 @@ async def _completion_under_lock(
         await conn.begin()
         await conn.execute(text(lock_sql))
         started = time.monotonic()
-        response = await gw.complete(max_tokens=2, temperature=0)
+        response = await call()
         elapsed = time.monotonic() - started
         with contextlib.suppress(Exception):  # the server may have ended it already
             await conn.close()
         return response, elapsed
     finally:
         await stuck.dispose()
+
+
+async def _completion_under_lock(
+    gw: Gateway, url: str, lock_sql: str, held_ms: int
+) -> tuple[Any, float]:
+    return await _under_lock(
+        gw, url, lock_sql, held_ms, lambda: gw.complete(max_tokens=2, temperature=0)
+    )
 
 
 def in_app(gw: Gateway, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -194,6 +202,16 @@ async def test_a_stuck_replica_means_a_prompt_503_not_a_hang(
             assert (await gw.complete(max_tokens=2)).status_code == 200, what
         served = {x["request_id"] for x in await gw.records()}
         assert len(served) >= 3
+        # an auditor's read behind the lock: 503 too (old code: a 500, or a wait)
+        r, elapsed = await _under_lock(
+            gw,
+            url,
+            LOCKS["a table lock on the records"],
+            6000,
+            lambda: gw.client.get("/audit/records", headers=ADMIN),
+        )
+        assert r.status_code == 503 and r.json()["error"]["code"] == "audit_unavailable"
+        assert elapsed < 4
         assert (await gw.client.get("/audit/verify", headers=ADMIN)).json()["ok"] is True
 
 
