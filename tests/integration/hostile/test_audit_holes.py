@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import csv
 import io
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,7 @@ from tests.integration.service.harness import ADMIN, Gateway, running_gateway, s
 from tests.pg import fresh_database
 
 T = TypeVar("T")
+POLICY_FILES = Path(__file__).resolve().parents[3] / "policies" / "bundles"
 FAST = {"measure_costs": False}
 """Gateways without the start's forward timing: these tests decode a token or two."""
 HOSTILE = {
@@ -269,8 +271,12 @@ async def _resolved_mode(gw: Gateway, tenant: str) -> str:
 async def test_policy_reload_keeps_api_put_tenant_documents(
     tiny_manifest: Path, tmp_path: Path
 ) -> None:
-    async with sqlite_gateway(tiny_manifest, tmp_path, **FAST, retention_interval_s=0) as gw:
-        tenants = [gw.tenant, "acme"]  # no file of its own / one in policies/bundles/tenants
+    files = tmp_path / "policies"
+    shutil.copytree(POLICY_FILES, files)
+    async with sqlite_gateway(
+        tiny_manifest, tmp_path, **FAST, retention_interval_s=0, policies=str(files)
+    ) as gw:
+        tenants = [gw.tenant, "acme"]  # no file of its own / one in tenants/acme.yaml
         before = {t: await _resolved_mode(gw, t) for t in tenants}
         for tenant in tenants:
             doc = {"mode": "speculative", "rate_limits": {"requests_per_minute": 7}}
@@ -278,17 +284,45 @@ async def test_policy_reload_keeps_api_put_tenant_documents(
             assert r.status_code == 200, r.text
         assert [await _resolved_mode(gw, t) for t in tenants] == ["speculative"] * 2
         assert before[gw.tenant] != "speculative"  # the document is what makes the difference
+        assert await _resolved_mode(gw, "labs") == "speculative"  # tenants/labs.yaml
+        labs = files / "tenants" / "labs.yaml"
+        labs.write_text(labs.read_text().replace("mode: speculative", "mode: standard"))
 
         r = await gw.client.post("/admin/policies/reload", headers=ADMIN)
         assert r.status_code == 200, r.text
+        assert r.json()["changed"] is True
         # old code: the bundle was rebuilt from the files only; both fell back to them
         for tenant in tenants:
             assert await _resolved_mode(gw, tenant) == "speculative", tenant
+        assert await _resolved_mode(gw, "labs") == "standard"  # the changed file applies
         bundle = (await gw.client.get("/admin/policies", headers=ADMIN)).json()["bundle"]
         for tenant in tenants:
             assert bundle["tenants"][tenant]["rate_limits"]["requests_per_minute"] == 7
         # and what a replica would re-read agrees: no stored version was lost or duplicated
         stored = in_app(gw, gw.services.store.list_policies, gw.tenant)
         assert [row["version"] for row in stored] == [1]
-        # the file tenants still come from the files
-        assert "labs" in bundle["tenants"]
+
+
+async def test_policy_reload_refuses_files_a_stored_document_no_longer_fits(
+    tiny_manifest: Path, tmp_path: Path
+) -> None:
+    """A reload is all or nothing: a new default that a stored document breaks is refused,
+    naming the problem, and the active bundle stays."""
+    files = tmp_path / "policies"
+    shutil.copytree(POLICY_FILES, files)
+    async with sqlite_gateway(
+        tiny_manifest, tmp_path, **FAST, retention_interval_s=0, policies=str(files)
+    ) as gw:
+        doc = {"speculation": {"k": {"min": 3}}}
+        r = await gw.client.put(f"/admin/policies/tenants/{gw.tenant}", json=doc, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        revision = (await gw.client.get("/admin/policies", headers=ADMIN)).json()["revision"]
+        default = files / "default.yaml"
+        text_before = default.read_text()
+        assert "k: {min: 1, max: 8}" in text_before
+        default.write_text(text_before.replace("k: {min: 1, max: 8}", "k: {min: 1, max: 2}"))
+        r = await gw.client.post("/admin/policies/reload", headers=ADMIN)
+        assert r.status_code == 400, r.text
+        assert "stored through the API" in r.json()["error"]["message"]
+        after = (await gw.client.get("/admin/policies", headers=ADMIN)).json()["revision"]
+        assert after == revision
