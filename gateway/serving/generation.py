@@ -38,7 +38,7 @@ from gateway.serving.errors import STATUS_OF_KIND, GatewayError, invalid
 from gateway.serving.fairness import FAIR_WAIT, RequestSlots, share_of
 from gateway.serving.models import DraftHandle, ModelPool
 from gateway.serving.outcome import Outcome
-from gateway.serving.prepare import Prepared, prepare
+from gateway.serving.prepare import Prepared, check_request_rate, note_admitted, prepare
 from gateway.serving.ratelimit import Limiter, Quota, Ticket
 from gateway.serving.recorder import Observed, Recorder
 from gateway.serving.rollouts import RolloutTraffic
@@ -254,6 +254,7 @@ class GenerationService:
 
     async def start(self, principal: Principal, meta: RequestMeta, cmd: Generate) -> Generation:
         tenant = self._authorize(principal)  # 1. a tenant key; the audit store writable
+        check_request_rate(self.limiter, self.policy, tenant)  # its window known full: 429
         prepared = await prepare(self.pool, cmd, tenant)  # 2. prompt (off the loop), grammar
         with self.tracing.span("gateway.policy.decide") as span:
             preferred = self.traffic.choose(  # 3. the rollout's draft version, if any
@@ -272,6 +273,7 @@ class GenerationService:
         quota, ticket = await self._admit(
             tenant, plan, prepared, cmd.n
         )  # 5. the tenant's rate limits
+        note_admitted(self.limiter, tenant, quota)  # a full window refuses the next at 1.
         draft, choices = await self._run(cmd, prepared, plan, ticket, tenant)  # 6. queue
         gen = Generation(
             meta, principal, cmd, prepared, plan, quota, ticket, draft, choices, self

@@ -10,13 +10,17 @@ templating, then templating and tokenization in a helper thread (the Rust tokeni
 jinja need no torch; the inference thread is the only one that runs torch), at most
 TOKENIZING_PER_TENANT of one tenant's at a time (the tenant's further requests wait for
 their own turn, so one tenant cannot fill the helper threads). /tokenize goes through the
-same path, after `admit_tokenize` charged the tenant a request.
+same path, after `admit_tokenize` charged the tenant a request. Before all of it,
+`check_request_rate` refuses a tenant whose request window an earlier admission filled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import time
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -182,10 +186,53 @@ def tenant_limits(policy: PolicyService, tenant: str) -> Limits:
     )
 
 
+@dataclass
+class _Full:
+    until: float  # time.monotonic() when the window's oldest request leaves it
+    limit: int  # the requests/min it was full at
+
+
+_full_windows: weakref.WeakKeyDictionary[Any, dict[str, _Full]] = weakref.WeakKeyDictionary()
+
+
+def note_admitted(limiter: Limiter, tenant: str, quota: Quota) -> None:
+    """After an admission (or a refusal): when the tenant's request window is full, remember
+    until when the window stays full (no request leaves it before its oldest does), so that
+    `check_request_rate` refuses the next ones before any templating."""
+    full = _full_windows.setdefault(limiter, {})
+    if quota.remaining_requests == 0 and quota.reset_requests_s > 0:
+        full[tenant] = _Full(time.monotonic() + quota.reset_requests_s, quota.limit_requests)
+    else:
+        full.pop(tenant, None)
+
+
+def check_request_rate(limiter: Limiter, policy: PolicyService, tenant: str) -> None:
+    """The cheap admission check before a request costs anything: a 429 while this
+    process's last admission left the tenant's request window full (and the tenant's limit
+    has not been raised since). Without such a note the limiter decides after tokenizing."""
+    full = _full_windows.get(limiter, {})
+    hit = full.get(tenant)
+    if hit is None:
+        return
+    left = hit.until - time.monotonic()
+    if left <= 0 or tenant_limits(policy, tenant).requests_per_minute > hit.limit:
+        full.pop(tenant, None)
+        return
+    retry = math.ceil(left)
+    raise GatewayError(
+        "rate_limited",
+        f"Rate limit reached for tenant {tenant}: {hit.limit} requests/min. Retry after {retry}s.",
+        code="rate_limit_exceeded",
+        retry_after=retry,
+    )
+
+
 async def admit_tokenize(limiter: Limiter, policy: PolicyService, tenant: str) -> Quota:
     """Charge one /tokenize call to the tenant's request rate limit (no tokens: nothing is
     generated), or the 429 that a generation would get."""
+    check_request_rate(limiter, policy, tenant)
     quota, _ = await limiter.admit(tenant, tenant_limits(policy, tenant), 0)
+    note_admitted(limiter, tenant, quota)
     if not quota.allowed:
         raise GatewayError(
             "rate_limited",

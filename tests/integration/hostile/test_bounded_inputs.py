@@ -403,6 +403,31 @@ def test_tokenize_needs_a_tenant_key_and_is_metered(server: Server) -> None:
     _error(r, 429)
 
 
+def test_a_tenant_over_its_request_rate_is_refused_before_tokenizing(server: Server) -> None:
+    """Once an admission filled the tenant's request window, its next request is a 429
+    before its prompt is looked at: a prompt the tokenizing step would refuse (a token id
+    outside the vocabulary) gets the 429, not that 400. Negative control: another tenant,
+    and this one before its window filled, get the 400 (the old order: tokenize, then the
+    rate limit)."""
+    tenant = "over-rate"
+    httpx.post(f"{server.url}/admin/tenants", json={"id": tenant, "name": "O"}, headers=ADMIN)
+    doc = {"rate_limits": {"requests_per_minute": 2}}
+    r = httpx.put(f"{server.url}/admin/policies/tenants/{tenant}", json=doc, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    key = httpx.post(
+        f"{server.url}/admin/tenants/{tenant}/keys", json={"role": "tenant"}, headers=ADMIN
+    ).json()["key"]
+    h = {"authorization": f"Bearer {key}"}
+    url = f"{server.url}/v1/completions"
+    bad = {"model": MODEL, "prompt": [10**6], "max_tokens": 1}  # not a token id
+    assert _error(httpx.post(url, json=bad, headers=h), 400)["param"] == "prompt"
+    good = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    assert [httpx.post(url, json=good, headers=h).status_code for _ in range(2)] == [200, 200]
+    r = httpx.post(url, json=bad, headers=h)
+    assert _error(r, 429)["code"] == "rate_limit_exceeded" and r.headers["retry-after"]
+    assert _error(httpx.post(url, json=bad, headers=server.auth), 400)["param"] == "prompt"
+
+
 # -- 5. body size and JSON depth ----------------------------------------------------------
 
 

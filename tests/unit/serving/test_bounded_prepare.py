@@ -162,3 +162,47 @@ def test_prompt_chars_counts_the_tool_definitions() -> None:
         tools=tools,
     )
     assert prep.prompt_chars(cmd) > 103
+
+
+def _policy(rpm: int) -> Any:
+    from types import SimpleNamespace
+
+    from gateway.serving.ratelimit import Limits
+
+    rl = SimpleNamespace(enforcement="enforce", requests_per_minute=rpm, tokens_per_minute=0)
+    doc = SimpleNamespace(rate_limits=rl)
+    bundle = SimpleNamespace(policy_for=lambda tenant: doc)
+    return SimpleNamespace(policies=SimpleNamespace(active=bundle), defaults=Limits(600, 10**6))
+
+
+async def test_a_full_request_window_refuses_before_any_work() -> None:
+    from gateway.serving.ratelimit import RateLimiter
+
+    limiter, policy = RateLimiter(), _policy(2)
+    quotas = [await prep.admit_tokenize(limiter, policy, "t") for _ in range(2)]
+    assert quotas[-1].remaining_requests == 0
+    with pytest.raises(GatewayError) as exc:
+        prep.check_request_rate(limiter, policy, "t")  # known full: no limiter call needed
+    assert exc.value.kind == "rate_limited" and exc.value.retry_after
+    prep.check_request_rate(limiter, policy, "other")  # only that tenant
+    prep.check_request_rate(RateLimiter(), policy, "t")  # only that limiter (app)
+    prep.check_request_rate(limiter, _policy(3), "t")  # a raised limit applies at once
+    prep.check_request_rate(limiter, policy, "t")  # and the note is gone
+
+
+async def test_the_note_ends_when_the_window_frees_a_request() -> None:
+    from gateway.serving.ratelimit import RateLimiter
+
+    limiter, policy = RateLimiter(), _policy(1)
+    clock = [1000.0]
+    limiter._now = lambda: clock[0]  # type: ignore[method-assign]
+    await prep.admit_tokenize(limiter, policy, "t")  # an empty window: reset 0, no note
+    prep.check_request_rate(limiter, policy, "t")
+    clock[0] += 30
+    with pytest.raises(GatewayError):
+        await prep.admit_tokenize(limiter, policy, "t")  # refused by the limiter: noted
+    with pytest.raises(GatewayError):
+        prep.check_request_rate(limiter, policy, "t")
+    entry = prep._full_windows[limiter]["t"]
+    entry.until = time.monotonic() - 1  # the oldest request has left the window
+    prep.check_request_rate(limiter, policy, "t")
