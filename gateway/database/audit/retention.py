@@ -5,15 +5,15 @@ A payload row (``audit_payloads``) holds the texts of one record for the tenant'
 only their SHA-256 digests on the record, so deleting a payload leaves both chains
 verifiable (``verify`` checks the payloads that survive, and nothing else).
 
-:meth:`RetentionMixin.purge_expired` deletes in transactions of at most ``batch`` payloads
-(oldest records first); each transaction deletes its payloads and chains one admin event
-(action ``audit.payloads_purged``, subject ``audit_payloads``) that names the cutoff, how
-many were deleted and the first and last record id, so the deletion and its record commit
-together or not at all. A transaction that finds nothing expired writes nothing (a job that
-runs every hour on every replica would otherwise fill the admin events with no-ops), unless
-``record_empty`` (an operator's manual purge is always recorded). Each statement is one
-bounded SELECT or DELETE, so PostgreSQL's statement timeout applies to a batch, not to the
-whole backlog.
+:meth:`RetentionMixin.purge_expired` deletes in transactions of at most ``batch``
+payloads (the longest expired first); each transaction deletes its payloads and chains one
+admin event (action ``audit.payloads_purged``, subject ``audit_payloads``) that names the
+cutoff, how many were deleted and the lowest and highest record id among them, so the
+deletion and its record commit together or not at all. A transaction that finds nothing
+expired writes nothing (a job that runs every hour on every replica would otherwise fill the
+admin events with no-ops), unless ``record_empty`` (an operator's manual purge is always
+recorded). Each statement is one bounded SELECT or DELETE, so PostgreSQL's statement
+timeout applies to a batch, not to the whole backlog.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class RetentionMixin(StoreBase):
         expired = (
             select(PAYLOADS.c.record_id)
             .where(PAYLOADS.c.expires_at <= cutoff)
-            .order_by(PAYLOADS.c.record_id)
+            .order_by(PAYLOADS.c.expires_at, PAYLOADS.c.record_id)  # its index
             .limit(batch)
         )
         async with self._write() as conn:
@@ -101,8 +101,8 @@ class RetentionMixin(StoreBase):
             after = {
                 "purged": deleted,
                 "cutoff": format_datetime(cutoff),
-                "first_record_id": ids[0] if deleted else None,
-                "last_record_id": ids[-1] if deleted else None,
+                "first_record_id": min(ids) if deleted else None,
+                "last_record_id": max(ids) if deleted else None,
             }
             event = AdminEvent(actor, PURGE_ACTION, PURGE_SUBJECT, None, after)
             return len(ids), deleted, await self._append_event(conn, event)
