@@ -7,11 +7,12 @@ are required settings: a verifier without them refuses to start unless
 minted by the same provider for any other application would otherwise pass.
 
 The JWKS is a file or an ``https://`` URL (``http://`` only to a loopback host: a local
-test server or a sidecar). The key set (:class:`KeySet`) is read at the first token, again
-every ``max_age_s`` (300 s), and again on a token whose ``kid`` it does not hold, at most
-once every ``refetch_s`` (30 s), so a flood of made-up key ids costs the provider one fetch
-per 30 s. Each read replaces the whole set: a key the provider removed is refused from the
-next read on. A failed read keeps the set it had (logged) until the next attempt.
+test server or a sidecar). The key set (:class:`KeySet`) is read at the first token (a
+file: at start), again every ``max_age_s`` (300 s), and again on a token whose ``kid`` it
+does not hold, such reads at most once every ``refetch_s`` (30 s), so a flood of made-up
+key ids costs the provider one fetch per 30 s. Each read replaces the whole set: a key the
+provider removed is refused from the next read on. A failed read keeps the set it had
+(logged) and is tried again after ``refetch_s``.
 
 Its role comes from a claim (``roles`` by default; a dotted path such as
 ``realm_access.roles`` reaches into nested claims), which may hold one role or a list: the
@@ -58,7 +59,8 @@ class OidcConfig:
     allow_unchecked_claims: bool = False
     """Accept a missing ``issuer`` / ``audience`` setting: that claim is then not checked."""
     refetch_s: float = 30.0
-    """Least time between two reads of the key set caused by unknown key ids."""
+    """Least time between two reads of the key set caused by unknown key ids (and between
+    a failed read and the next)."""
     max_age_s: float = 300.0
     """A key set older than this is read again before it verifies a token."""
 
@@ -137,6 +139,8 @@ class KeySet:
         """When the set was last read (successfully)."""
         self._tried_at: float | None = None
         """When a read was last attempted (successful or not)."""
+        self._forced_at: float | None = None
+        """When a token with an unknown key id last caused a read."""
         self.reads = 0
         """Reads attempted (a plain counter, for tests and logs)."""
 
@@ -163,9 +167,13 @@ class KeySet:
         with self._lock:
             now = self._clock()
             stale = self._read_at is None or now - self._read_at >= self.max_age_s
-            may_read = self._tried_at is None or now - self._tried_at >= self.refetch_s
-            if (stale or kid not in self._keys) and may_read:
+            if stale and (self._tried_at is None or now - self._tried_at >= self.refetch_s):
                 self._refresh()  # the set replaced: added keys appear, removed ones go
+            elif kid not in self._keys and (
+                self._forced_at is None or now - self._forced_at >= self.refetch_s
+            ):
+                self._forced_at = now
+                self._refresh()  # perhaps a key the provider added since our last read
             if kid not in self._keys:
                 if not kid and len(self._keys) == 1:
                     return next(iter(self._keys.values()))
