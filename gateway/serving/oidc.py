@@ -145,7 +145,7 @@ class KeySet:
         """Reads attempted (a plain counter, for tests and logs)."""
 
     def load(self) -> None:
-        """Read the set now; raise what went wrong (a start-time check of a file)."""
+        """Read the set now; ValueError when that fails (a start-time check of a file)."""
         with self._lock:
             self._refresh(strict=True)
 
@@ -156,7 +156,9 @@ class KeySet:
             keyset = jwt.PyJWKSet.from_dict(self._read(self.location))
         except Exception as exc:  # keep serving with the keys we had
             if strict:
-                raise
+                raise ValueError(
+                    f"GATEWAY_OIDC_JWKS: cannot read a key set from {self.location}: {exc}"
+                ) from exc
             log.warning("could not read the OIDC JWKS at %s: %s", self.location, exc)
             return
         self._keys = {k.key_id or "": k for k in keyset.keys}

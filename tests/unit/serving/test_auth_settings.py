@@ -4,6 +4,7 @@ masking of connection URLs: the rules behind issue 44's smaller holes, case by c
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import jwt
@@ -13,7 +14,7 @@ from jwt.algorithms import ECAlgorithm
 
 from gateway.__main__ import masked_url
 from gateway.serving.auth import ADMIN_KEY_MIN_LENGTH, check_admin_key
-from gateway.serving.oidc import KeySet, check_jwks_location
+from gateway.serving.oidc import KeySet, OidcConfig, OidcVerifier, check_jwks_location
 
 
 def jwk(kid: str) -> dict[str, Any]:
@@ -145,3 +146,9 @@ def test_short_keys_are_refused_and_unset_is_fine() -> None:
 )
 def test_urls_are_shown_without_their_password(url: str, shown: str) -> None:
     assert masked_url(url) == shown
+
+
+def test_an_unreadable_jwks_file_stops_the_start(tmp_path: Path) -> None:
+    config = OidcConfig(str(tmp_path / "missing.json"), issuer="https://idp", audience="gw")
+    with pytest.raises(ValueError, match="GATEWAY_OIDC_JWKS: cannot read"):
+        OidcVerifier(config)
