@@ -272,7 +272,8 @@ async def list_keys(request: Request[Any, Any, Any], tenant: str | None = None) 
 @post(
     "/admin/keys/{key_id:str}/rotate",
     status_code=201,
-    summary="Rotate a key: a new key (shown once); the old one lives for the grace period",
+    summary="Rotate a key: a new key (shown once, expiring when the old one would); the old "
+    "one lives for the grace period",
     opt={"permission": "self"},
 )
 async def rotate_key(
