@@ -191,6 +191,23 @@ async def test_pattern_attack_keeps_health_responsive(server: Server) -> None:
     assert probe.p99 < HEALTH_P99_S, (probe.p99, probe.latencies)
 
 
+async def test_pattern_attack_streamed_keeps_health_responsive(server: Server) -> None:
+    """The same attack with stream: true (the stream validates before its final chunk)."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        body = {**_schema_body(_evil_schema(LETTERS)), "stream": True}
+
+        async def attack() -> str:
+            url = f"{server.url}/v1/chat/completions"
+            async with client.stream("POST", url, json=body, headers=server.auth) as r:
+                assert r.status_code == 200
+                return "".join([line async for line in r.aiter_lines()])
+
+        await attack()
+        probe = await _probe_during(attack, _health_probe(client, server.url))
+    assert "[DONE]" in probe.attack_result and '"error"' not in probe.attack_result
+    assert probe.p99 < HEALTH_P99_S, (probe.p99, probe.latencies)
+
+
 async def test_negative_control_backtracking_validation_blocks_the_probe() -> None:
     """The old validation (jsonschema with Python's re, on the event loop) against the same
     probe, with 22 letters instead of 40 (about 2**22 steps, a few tenths of a second):
