@@ -262,7 +262,7 @@ def test_stop_strings_at_the_limit_cost_no_more_per_step(server: Server) -> None
     MiB each): a step at 32,000 characters of output (an 8k-token answer) costs over ten
     times a step at 320 (and more than a whole decode step of the tiny model)."""
     body = {
-        "model": MODEL, "prompt": "x", "max_tokens": 200, "temperature": 0,
+        "model": MODEL, "prompt": "x", "max_tokens": 100, "temperature": 0,
         "decoding": {"mode": "standard"},
     }  # fmt: skip
     url = f"{server.url}/v1/completions"
