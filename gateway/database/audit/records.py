@@ -58,7 +58,10 @@ def record_row(record: RequestRecord, payload: Payload | None, now: datetime) ->
         row["tool_names"] = list(record.tool_names)
     for name in ("temperature", "top_p", "latency_ms", "ttft_ms"):
         if row[name] is not None:
-            row[name] = float(row[name])
+            # + 0.0 turns -0.0 into 0.0: SQLite stores -0.0 as 0.0, so a request sent with
+            # "temperature": -0.0 would otherwise hash one value and read back another,
+            # and the chain would read as broken from that record on.
+            row[name] = float(row[name]) + 0.0
     return row
 
 
