@@ -84,6 +84,8 @@ def entry_row(entry: Entry, payload: Payload | None, now: datetime) -> dict[str,
 
 
 def _link_rows(conn: Connection, table: Any, fields: tuple[str, ...], rows: list[Any]) -> None:
+    if not rows:  # no round trip for the chain a batch does not touch
+        return
     prev = chain_head(conn, table.c.id, table.c.record_hash)
     for row in rows:
         row["prev_hash"] = prev
