@@ -23,7 +23,7 @@ from gateway.serving.generation import GenerationService
 from tests.integration.hostile.inproc import Served, served
 from tests.integration.service.harness import ADMIN
 
-BLOCKED_S = 1.5
+BLOCKED_S = 2.5
 """How long the database's write lock is held while the client must see nothing."""
 
 
