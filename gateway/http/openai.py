@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
@@ -85,6 +85,11 @@ async def _serve(request: Request[Any, Any, Any], endpoint: str, kind: type[Any]
     except asyncio.CancelledError:  # the server ended this handler (shutdown)
         _finish_cancelled(gen)
         raise
+    except Exception as exc:  # a failed forward, a bug: still recorded, its slot freed
+        gen.cancel()
+        err = _internal(request, exc)
+        await _finish_or_error(gen, STATUS[err.kind], err)
+        return error_response(err, headers)
     audit_error = await _finish_or_error(gen, 200, None)
     if audit_error is not None:
         return error_response(audit_error, headers)
@@ -249,8 +254,12 @@ async def tokenize(request: Request[Any, Any, Any], data: bytes = b"") -> dict[s
         raise invalid("send exactly one of prompt or messages", "prompt")
     _, engine = await svc.pool.target(body.model)
     cmd = convert.tokenize_command(body)
-    await admit_tokenize(svc.limiter, svc.policy, principal.tenant_id)
-    _, ids = await tokenize_off_loop(engine.tokenizer, cmd, principal.tenant_id)
+    _, ticket = await admit_tokenize(svc.limiter, svc.policy, principal.tenant_id)
+    ids: Sequence[int] = ()
+    try:
+        _, ids = await tokenize_off_loop(engine.tokenizer, cmd, principal.tenant_id)
+    finally:  # its tokens count against the tenant's tokens/min
+        await svc.limiter.settle(ticket, len(ids))
     return {"tokens": list(ids), "count": len(ids), "max_model_len": engine.context_length}
 
 

@@ -213,23 +213,30 @@ class PolicyService:
         if decision.auto_outcome is not None:
             self.previous_mode[tenant] = decision.auto_outcome
         policy = bundle.policy_for(tenant)
-        limits = Limits(
-            requests_per_minute=policy.rate_limits.requests_per_minute
-            or self.defaults.requests_per_minute,
-            tokens_per_minute=policy.rate_limits.tokens_per_minute
-            or self.defaults.tokens_per_minute,
-        )
-        if policy.rate_limits.enforcement == "dryrun":
-            limits = Limits(10**9, 10**12)
         return Plan(
             decision=decision,
-            limits=limits,
+            limits=self.limits_for(tenant),
             allowed_token_ids=policy.tokens.allowed_token_ids or None,
             banned_token_ids=policy.tokens.banned_token_ids,
             retention_days=policy.payload_retention_days,
             ewma_alpha=policy.auto.ewma_alpha,
             fairness=policy.fairness,
         )
+
+    def limits_for(self, tenant: str) -> Limits:
+        """The tenant's rate limits now (its policy's, or the gateway's defaults; a dry-run
+        policy's are not enforced)."""
+        rl = self.policies.active.policy_for(tenant).rate_limits
+        if rl.enforcement == "dryrun":
+            return Limits(10**9, 10**12)
+        return Limits(
+            requests_per_minute=rl.requests_per_minute or self.defaults.requests_per_minute,
+            tokens_per_minute=rl.tokens_per_minute or self.defaults.tokens_per_minute,
+        )
+
+    def fairness_for(self, tenant: str) -> Fairness:
+        """The tenant's share of the inference worker now (serving/fairness.py)."""
+        return self.policies.active.policy_for(tenant).fairness
 
     async def observe(self, plan: Plan, result: DecodeResult | None) -> None:
         """Fold a finished speculative request into the tenant's and the global history."""

@@ -101,6 +101,7 @@ class FairQueue:
         self._queues: dict[str, collections.deque[Any]] = {}
         self._served: dict[str, float] = collections.defaultdict(float)
         self._running: dict[str, int] = collections.defaultdict(int)
+        self._floor = 0.0  # the counter of the last tenant to go idle
         self.waiting = 0
 
     # -- event-loop side ----------------------------------------------------------------
@@ -142,24 +143,38 @@ class FairQueue:
         if mine >= share or over is None or len(self._queues[over]) <= share:
             raise Overloaded(self.waiting)
         self.waiting -= 1
-        return self._queues[over].pop()
+        evicted = self._queues[over].pop()
+        self._idle_check(over)
+        return evicted
 
     def _lift(self, tenant: str) -> None:
-        """A tenant starting to wait after idling: no credit banked while idle."""
+        """A tenant starting to wait after idling: no credit banked while idle. Lifted to
+        the least counter of the tenants waiting or running, or, when none is, to the
+        counter of the last tenant that went idle (as VTC does when its queue is empty)."""
         active = [
             self._served[u]
             for u in set(self._queues) | set(self._running)
             if u != tenant and (self._queues.get(u) or self._running.get(u))
         ]
-        if active:
-            self._served[tenant] = max(self._served[tenant], min(active))
+        floor = min(active) if active else self._floor
+        self._served[tenant] = max(self._served[tenant], floor)
+
+    def _idle_check(self, tenant: str) -> None:
+        """Called when a tenant's queue or rows shrank: gone idle, its counter is the floor
+        an arrival into an empty worker is lifted to."""
+        if not self._queues.get(tenant) and not self._running.get(tenant):
+            self._floor = max(self._floor, self._served[tenant])
 
     # -- worker-thread side -------------------------------------------------------------
 
-    def pick(self, fits: Callable[[Any], bool]) -> tuple[Any | None, list[Any]]:
+    def pick(
+        self, fits: Callable[[Any], bool], batch_rows: Callable[[Any], int] | None = None
+    ) -> tuple[Any | None, list[Any]]:
         """The next job to admit, and the cancelled jobs dropped from the queue. The next
         job is the head of the backlogged tenant with the fewest virtual tokens served
-        (ties: the older head) that is under its row cap and ``fits`` (its batch has room)."""
+        (ties: the older head) that is under its row cap and ``fits`` (its batch has room).
+        ``batch_rows(job)``: the rows of the job's batch, which the default cap is taken
+        from (default: the worker's max_batch)."""
         with self._lock:
             dropped = self._drop_cancelled()
             heads = sorted(  # a tie (a counter just lifted) goes to the fewer rows held
@@ -172,7 +187,10 @@ class FairQueue:
                 head = self._queues[t][0]
                 if not fits(head):
                     continue
-                if self._running[t] >= (head.share.max_rows or self.default_rows):
+                cap = head.share.max_rows or (
+                    default_max_rows(batch_rows(head)) if batch_rows else self.default_rows
+                )
+                if self._running[t] >= cap:
                     held.append(head)  # a row is free, but not for this tenant now
                     continue
                 self._queues[t].popleft()
@@ -196,6 +214,7 @@ class FairQueue:
                 kept = collections.deque(j for j in q if not j.cancelled.is_set())
                 dropped += [j for j in q if j.cancelled.is_set()]
                 self._queues[t] = kept
+                self._idle_check(t)
         self.waiting -= len(dropped)
         return dropped
 
@@ -209,6 +228,7 @@ class FairQueue:
         """A running row of the tenant ended."""
         with self._lock:
             self._running[share.tenant] -= 1
+            self._idle_check(share.tenant)
 
     def served(self, tenant: str) -> float:
         with self._lock:
@@ -223,6 +243,12 @@ class RequestSlots:
         self._held: dict[str, int] = collections.defaultdict(int)
 
     def acquire(self, tenant: str, cap: int | None) -> None:
+        self.check(tenant, cap)
+        self._held[tenant] += 1
+
+    def check(self, tenant: str, cap: int | None) -> None:
+        """The 429 a tenant at its cap gets (checked again before any work is spent on a
+        request, and when its slot is taken)."""
         if cap is not None and self._held[tenant] >= cap:
             raise GatewayError(
                 "rate_limited",
@@ -231,7 +257,6 @@ class RequestSlots:
                 code="concurrency_limit_exceeded",
                 retry_after=1,
             )
-        self._held[tenant] += 1
 
     def release(self, tenant: str | None) -> None:
         if tenant is not None and self._held.get(tenant, 0) > 0:

@@ -5,8 +5,8 @@
 record (durable before the caller sends any byte: record first, act second) and returns the
 started ``Generation``; the caller streams its deltas and then calls ``finish`` exactly
 once (``refuse`` for a request that never started). ``finish`` is the one way back:
-settle the rate limit, write the final audit record that completes the admission (durable
-before the caller sends the last byte), feed the rollout guard, then the acceptance
+write the final audit record that completes the admission (durable before the caller sends
+the last byte), settle the rate limit, feed the rollout guard, then the acceptance
 history, in that order. Metrics and logs listen to the recorder.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,8 @@ from gateway.serving.tool_output import ParsedCall, check_output, read_calls
 from gateway.serving.tracing import RunTimings, Tracing, decision_attributes
 from gateway.serving.worker import InferenceWorker, Job, Overloaded
 from policies import Decision, Load
+
+log = logging.getLogger("gateway.generation")
 
 
 @dataclass
@@ -255,6 +258,8 @@ class GenerationService:
     async def start(self, principal: Principal, meta: RequestMeta, cmd: Generate) -> Generation:
         tenant = self._authorize(principal)  # 1. a tenant key; the audit store writable
         check_request_rate(self.limiter, self.policy, tenant)  # its window known full: 429
+        cap = self.policy.fairness_for(tenant).max_concurrent_requests
+        self.slots.check(tenant, cap)  # at its requests in flight: 429 before any work
         prepared = await prepare(self.pool, cmd, tenant)  # 2. prompt (off the loop), grammar
         with self.tracing.span("gateway.policy.decide") as span:
             preferred = self.traffic.choose(  # 3. the rollout's draft version, if any
@@ -297,18 +302,18 @@ class GenerationService:
                 gen.admission_id = await self.recorder.admit(admission, gen.abort)
         except GatewayError as err:
             gen.abort(err)
-        except BaseException:  # cancelled while writing: nobody will read the runs
+        except asyncio.CancelledError:  # cancelled while writing: nobody reads the runs
             gen.cancel()
             gen.finish_detached(499)
             raise
+        except Exception as exc:  # a bug: the caller answers 500 and finishes once
+            log.exception("the admission write failed", exc_info=exc)
+            gen.abort(GatewayError("internal", "internal error; the x-request-id names it"))
 
     async def finish(self, gen: Generation, outcome: Outcome) -> None:
-        """7. The one way back, in order: limits, audit record, rollout guard, history."""
+        """7. The one way back, in order: audit record, limits, rollout guard, history."""
         self.slots.release(gen.principal.tenant_id)
         result = gen.result
-        await self.limiter.settle(
-            gen.ticket, len(gen.prompt_ids) + (len(result.token_ids) if result else 0)
-        )
         completion = gen.completion_text
         record = served_record(
             meta=gen.meta, principal=gen.principal, cmd=gen.command, status=outcome.status,
@@ -324,10 +329,15 @@ class GenerationService:
             payload = Payload(gen.prepared.prompt_text, completion, gen.plan.retention_days)
         jobs = [c.job for c in gen.choices]
         self.tracing.run(jobs, [c.result.stats if c.result else None for c in gen.choices])
-        with self.tracing.span("gateway.audit.write", {"gateway.request_id": record.request_id}):
-            await self.recorder.record(  # raises when fail-closed
-                record, payload, result, timings=RunTimings.of_jobs(jobs)
-            )
+        used = len(gen.prompt_ids) + (len(result.token_ids) if result else 0)
+        try:
+            attrs = {"gateway.request_id": record.request_id}
+            with self.tracing.span("gateway.audit.write", attrs):
+                await self.recorder.record(  # raises when fail-closed
+                    record, payload, result, timings=RunTimings.of_jobs(jobs)
+                )
+        finally:  # after the record: a settle cut short (client gone) cannot lose it
+            await self.limiter.settle(gen.ticket, used)
         await self.traffic.observe(record, result)
         self.recorder.detach(self.policy.observe(gen.plan, result))
 

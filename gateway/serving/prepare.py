@@ -43,7 +43,7 @@ from gateway.serving.commands import Generate
 from gateway.serving.decisions import PolicyService
 from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.models import ModelPool
-from gateway.serving.ratelimit import Limiter, Limits, Quota
+from gateway.serving.ratelimit import Limiter, Quota, Ticket
 from models_registry.manifest import ModelEntry
 from policies import RequestFeatures
 
@@ -175,17 +175,6 @@ async def tokenize_off_loop(
         return await asyncio.to_thread(tokenize, tokenizer, cmd)
 
 
-def tenant_limits(policy: PolicyService, tenant: str) -> Limits:
-    """The tenant's rate limits as `PolicyService.decide` sets them (no decision needed)."""
-    rl = policy.policies.active.policy_for(tenant).rate_limits
-    if rl.enforcement == "dryrun":
-        return Limits(10**9, 10**12)
-    return Limits(
-        requests_per_minute=rl.requests_per_minute or policy.defaults.requests_per_minute,
-        tokens_per_minute=rl.tokens_per_minute or policy.defaults.tokens_per_minute,
-    )
-
-
 @dataclass
 class _Full:
     until: float  # time.monotonic() when the window's oldest request leaves it
@@ -215,7 +204,7 @@ def check_request_rate(limiter: Limiter, policy: PolicyService, tenant: str) -> 
     if hit is None:
         return
     left = hit.until - time.monotonic()
-    if left <= 0 or tenant_limits(policy, tenant).requests_per_minute > hit.limit:
+    if left <= 0 or policy.limits_for(tenant).requests_per_minute > hit.limit:
         full.pop(tenant, None)
         return
     retry = math.ceil(left)
@@ -227,11 +216,16 @@ def check_request_rate(limiter: Limiter, policy: PolicyService, tenant: str) -> 
     )
 
 
-async def admit_tokenize(limiter: Limiter, policy: PolicyService, tenant: str) -> Quota:
-    """Charge one /tokenize call to the tenant's request rate limit (no tokens: nothing is
-    generated), or the 429 that a generation would get."""
+async def admit_tokenize(
+    limiter: Limiter, policy: PolicyService, tenant: str
+) -> tuple[Quota, Ticket]:
+    """Charge one /tokenize call to the tenant's request rate limit and, once its prompt is
+    tokenized, its tokens (``limiter.settle(ticket, len(ids))``): tokenizing a large prompt
+    holds the interpreter lock for a while, so tokens/min bounds how often a tenant can ask
+    for it. A tenant with no token left (or over its request rate) gets the 429 a
+    generation would get."""
     check_request_rate(limiter, policy, tenant)
-    quota, _ = await limiter.admit(tenant, tenant_limits(policy, tenant), 0)
+    quota, ticket = await limiter.admit(tenant, policy.limits_for(tenant), 1)
     note_admitted(limiter, tenant, quota)
     if not quota.allowed:
         raise GatewayError(
@@ -241,7 +235,7 @@ async def admit_tokenize(limiter: Limiter, policy: PolicyService, tenant: str) -
             code="rate_limit_exceeded",
             retry_after=quota.retry_after_s,
         )
-    return quota
+    return quota, ticket
 
 
 async def prepare(pool: ModelPool, cmd: Generate, tenant: str | None = None) -> Prepared:
@@ -314,7 +308,8 @@ async def _grammar(
         mode: ToolMode = "auto" if t.choice == "auto" else "required"
         parallel = t.parallel and t.choice != "named"  # a named choice is one call
         try:
-            check_tools(t.specs)  # every tool, also those the choice leaves out
+            # every tool, also those the choice leaves out; its regexes compile off the loop
+            await asyncio.to_thread(check_tools, t.specs)
             if not t.callable:
                 return None, None
             compiled = await asyncio.to_thread(

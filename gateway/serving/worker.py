@@ -346,7 +346,7 @@ class InferenceWorker:
 
         while True:
             job, dropped = (
-                self.fair.pick(fits)
+                self.fair.pick(fits, batches.rows_of)
                 if len(active) + batches.rows < self.max_active
                 else (None, self.fair.pick(lambda _: False)[1])
             )
@@ -401,6 +401,14 @@ class _Batches:
     def rows(self) -> int:
         return len(self._jobs)
 
+    def rows_of(self, job: Job) -> int:
+        """Rows of the batch the job would join (what its tenant's default row cap is
+        taken from)."""
+        if job.decode is None:
+            return self.max_rows
+        ctx = job.decode.engine.context_length
+        return batch_rows(self.max_rows, self.kv_budget_tokens, ctx)
+
     def has_room(self, engine: Engine) -> bool:
         batch = self._batches.get(id(engine))
         return batch is None or batch.free > 0
@@ -410,7 +418,7 @@ class _Batches:
         assert d is not None
         batch = self._batches.get(id(d.engine))
         if batch is None:
-            rows = batch_rows(self.max_rows, self.kv_budget_tokens, d.engine.context_length)
+            rows = self.rows_of(job)
             batch = d.engine.batch(rows, self.prefill_chunk, self.prefill_budget)
             self._batches[id(d.engine)] = batch
         row = batch.add(d.engine.prepare(d.request, d.draft), job.cancelled.is_set)

@@ -63,6 +63,15 @@ MAX_PATTERN_CHARS: Final = 1_000
 memory grow with it; 1,000 characters is far beyond any real field format)."""
 MAX_PATTERNS_CHARS: Final = 10_000
 """Most characters of all the regexes of one schema together."""
+MAX_PATTERNS: Final = 64
+"""Most regexes in one schema (each distinct one is compiled)."""
+PATTERNS_COMPILE_BUDGET_S: Final = 0.1
+"""Longest time the compiles of one schema's new regexes may take together: RE2 holds the
+interpreter lock while it compiles, so this bounds how long one schema can stall every
+other thread (the event loop included). Real field formats compile in microseconds."""
+RE2_MAX_MEM: Final = 1 << 20
+"""RE2's memory budget per regex (1 MiB, against its default 8 MiB): a regex whose program
+would be larger is refused in milliseconds instead of compiled for hundreds."""
 PATTERN_CACHE_SIZE = 512
 
 
@@ -158,6 +167,7 @@ def schema_patterns(schema: Any, path: str = "#") -> Iterator[tuple[str, Any]]:
 
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # a refused pattern is the client's 400, not a log line
+_RE2_OPTIONS.max_mem = RE2_MAX_MEM
 _patterns: OrderedDict[str, Any] = OrderedDict()
 
 
@@ -183,11 +193,21 @@ def _re2(pattern: str) -> Any:
 
 def check_patterns(schema: Any) -> None:
     """ConstraintError unless every regex of the schema is a string of at most
-    MAX_PATTERN_CHARS that RE2 compiles, MAX_PATTERNS_CHARS in all."""
-    total = 0
+    MAX_PATTERN_CHARS that RE2 compiles, MAX_PATTERNS_CHARS and MAX_PATTERNS in all, and
+    their compiles take at most PATTERNS_COMPILE_BUDGET_S together."""
+    total = count = 0
+    deadline = time.perf_counter() + PATTERNS_COMPILE_BUDGET_S
     for where, pattern in schema_patterns(schema):
         if not isinstance(pattern, str):
             continue  # the meta-schema check names it
+        count += 1
+        if count > MAX_PATTERNS:
+            raise ConstraintError(f"the schema has more than {MAX_PATTERNS} regexes")
+        if time.perf_counter() > deadline:
+            raise ConstraintError(
+                f"the schema's regexes take more than {PATTERNS_COMPILE_BUDGET_S * 1000:.0f} "
+                "ms to compile together; simplify them"
+            )
         if len(pattern) > MAX_PATTERN_CHARS:
             raise ConstraintError(
                 f"the regex at {where} has {len(pattern)} characters; "

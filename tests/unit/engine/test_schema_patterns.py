@@ -155,3 +155,31 @@ def test_agrees_with_jsonschema_where_python_re_is_safe(
     except ConstraintError:
         got = False
     assert got == expected, (schema, doc)
+
+
+def _many(n: int, width: int = 900) -> dict[str, Any]:
+    """n distinct 12-character regexes, each a large RE2 program (a few ms to compile)."""
+    props = {f"p{i}": {"type": "string", "pattern": f"[^a]{{1,{width + i}}}"} for i in range(n)}
+    return {"type": "object", "properties": props}
+
+
+def test_a_schema_of_costly_regexes_is_refused_within_its_budget() -> None:
+    """Under the character limits, hundreds of short regexes that each compile for
+    milliseconds (with the interpreter lock held) would stall every thread for seconds:
+    the count and the compile budget refuse them in about a tenth of a second."""
+    t0 = time.perf_counter()
+    with pytest.raises(ConstraintError, match=r"ms to compile|more than 64 regexes"):
+        check_patterns(_many(800))
+    assert time.perf_counter() - t0 < 0.5
+    with pytest.raises(ConstraintError, match="more than 64 regexes"):
+        check_patterns(_many(65, width=1))  # cheap ones, but too many
+    check_patterns(_many(8, width=50))  # a handful of real formats compile in time
+
+
+def test_a_regex_past_re2s_memory_budget_is_refused_quickly() -> None:
+    """`\\pL{400}` (any letter, 400 times) is a program RE2 compiled for about 200 ms
+    under its default 8 MiB; under RE2_MAX_MEM it is refused in milliseconds."""
+    t0 = time.perf_counter()
+    with pytest.raises(ConstraintError, match="too large"):
+        check_patterns(_string(r"\pL{400}"))
+    assert time.perf_counter() - t0 < 0.1

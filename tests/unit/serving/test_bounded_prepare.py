@@ -169,17 +169,14 @@ def _policy(rpm: int) -> Any:
 
     from gateway.serving.ratelimit import Limits
 
-    rl = SimpleNamespace(enforcement="enforce", requests_per_minute=rpm, tokens_per_minute=0)
-    doc = SimpleNamespace(rate_limits=rl)
-    bundle = SimpleNamespace(policy_for=lambda tenant: doc)
-    return SimpleNamespace(policies=SimpleNamespace(active=bundle), defaults=Limits(600, 10**6))
+    return SimpleNamespace(limits_for=lambda tenant: Limits(rpm, 10**6))
 
 
 async def test_a_full_request_window_refuses_before_any_work() -> None:
     from gateway.serving.ratelimit import RateLimiter
 
     limiter, policy = RateLimiter(), _policy(2)
-    quotas = [await prep.admit_tokenize(limiter, policy, "t") for _ in range(2)]
+    quotas = [(await prep.admit_tokenize(limiter, policy, "t"))[0] for _ in range(2)]
     assert quotas[-1].remaining_requests == 0
     with pytest.raises(GatewayError) as exc:
         prep.check_request_rate(limiter, policy, "t")  # known full: no limiter call needed

@@ -58,7 +58,7 @@ class Fifo:
         pass
 
 
-HOG, VICTIM = Share("hog"), Share("victim")
+HOG, VICTIM = Share("hog", max_rows=8), Share("victim")  # the hog may take the whole batch
 
 
 def victim_waits_for_a_hog_row(queue: Any, max_batch: int = 8) -> bool:
@@ -75,6 +75,7 @@ def victim_waits_for_a_hog_row(queue: Any, max_batch: int = 8) -> bool:
         queue.charge(job.share, prompt_tokens=10, output_tokens=50)
     victim = J(VICTIM)
     queue.offer(victim)
+    queue.charge(HOG, output_tokens=8)  # the hog's rows step on meanwhile
     free = running < max_batch
     if not free:  # a hog row ends: the freed row goes to ...
         queue.release(HOG)
@@ -90,8 +91,9 @@ def test_an_arriving_tenant_gets_the_next_row(impl: Any, expected: bool) -> None
 def test_the_row_cap_leaves_a_row_to_others() -> None:
     q = FairQueue(32, 8)
     assert default_max_rows(8) == 6 and default_max_rows(2) == 1 and default_max_rows(1) == 1
+    hog = Share("hog")  # the default cap
     for _ in range(10):
-        q.offer(J(HOG))
+        q.offer(J(hog))
     picked = [q.pick(lambda j: True)[0] for _ in range(8)]
     assert sum(p is not None for p in picked) == 6  # two rows stay free
     held = q._queues["hog"][0]
@@ -111,6 +113,29 @@ def test_least_served_first_and_older_heads_marked() -> None:
     q.charge(HOG, output_tokens=1)  # the hog was served since
     assert q.pick(lambda j: True)[0] is new
     assert old.fair_wait  # FIFO would have taken it first
+
+
+def test_the_default_cap_follows_the_jobs_batch() -> None:
+    """A batch cut to 2 rows (a KV budget) still leaves one row to the others."""
+    q = FairQueue(32, 8)
+    hog = Share("hog")
+    for _ in range(4):
+        q.offer(J(hog))
+    first, _ = q.pick(lambda j: True, lambda j: 2)
+    second, _ = q.pick(lambda j: True, lambda j: 2)
+    assert first is not None and second is None
+
+
+def test_an_arrival_into_an_idle_worker_is_lifted_to_the_last_to_leave() -> None:
+    """A tenant that went idle with a large counter, then an arrival into the empty
+    worker: the arrival may not bank the difference as credit against its return."""
+    q = FairQueue(32, 8)
+    q.offer(J(HOG))
+    q.pick(lambda j: True)
+    q.charge(HOG, output_tokens=5000)
+    q.release(HOG)  # the hog goes idle
+    q.offer(J(VICTIM))
+    assert q.served("victim") == q.served("hog") == 10000
 
 
 def test_an_idle_tenant_banks_no_credit() -> None:
