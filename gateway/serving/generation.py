@@ -39,7 +39,13 @@ from gateway.serving.errors import STATUS_OF_KIND, GatewayError, invalid
 from gateway.serving.fairness import FAIR_WAIT, RequestSlots, share_of
 from gateway.serving.models import DraftHandle, ModelPool
 from gateway.serving.outcome import Outcome
-from gateway.serving.prepare import Prepared, check_request_rate, note_admitted, prepare
+from gateway.serving.prepare import (
+    Prepared,
+    check_request_rate,
+    helper_threads,
+    note_admitted,
+    prepare,
+)
 from gateway.serving.ratelimit import Limiter, Quota, Ticket
 from gateway.serving.recorder import Observed, Recorder
 from gateway.serving.rollouts import RolloutTraffic
@@ -187,7 +193,8 @@ class Generation:
         schema = self.prepared.schema
         tools = schema["tools"] if self.calls_tools and schema is not None else None
         try:
-            await check_output(result.text, schema, tools)
+            async with helper_threads.hold(self.principal.tenant_id):
+                await check_output(result.text, schema, tools)
         except ConstraintError as exc:
             raise GatewayError(
                 "internal",

@@ -6,9 +6,10 @@ schema) and builds the ``RequestFeatures`` the policy decides on, once.
 
 Nothing here runs unbounded work on the event loop: first cheap checks of the raw prompt
 (MAX_PROMPT_CHARS; `check_fits`: more characters than the context could hold), before any
-templating, then templating and tokenization in a helper thread (the Rust tokenizers and
-jinja need no torch; the inference thread is the only one that runs torch), at most
-TOKENIZING_PER_TENANT of one tenant's at a time (the tenant's further requests wait for
+templating, then templating, tokenization and the grammar's compile in helper threads (the
+Rust tokenizers, jinja and llguidance need no torch; the inference thread is the only one
+that runs torch), at most TOKENIZING_PER_TENANT of one tenant's at a time (`helper_threads`,
+which the output's validation also waits for) (the tenant's further requests wait for
 their own turn, so one tenant cannot fill the helper threads). /tokenize goes through the
 same path, after `admit_tokenize` charged the tenant a request. Before all of it,
 `check_request_rate` refuses a tenant whose request window an earlier admission filled.
@@ -71,8 +72,9 @@ message's text, tool-call arguments and tool definitions together (1 MiB; each t
 capped at MAX_TEXT_CHARS too). Checked before the tokenizer runs; the context length
 refuses far less once tokenized, this only bounds the templating and tokenizing work."""
 TOKENIZING_PER_TENANT: Final = 2
-"""One tenant's prompts templated and tokenized at the same time at most (its further
-requests wait, other tenants' do not)."""
+"""One tenant's work in the helper threads at the same time at most: prompts templated and
+tokenized, grammars compiled, outputs validated (its further requests wait, other tenants'
+do not, so one tenant cannot take every helper thread)."""
 
 
 class TenantGate:
@@ -98,7 +100,7 @@ class TenantGate:
                 self._slots[key] = (sem, users - 1)
 
 
-_tokenizing = TenantGate(TOKENIZING_PER_TENANT)
+helper_threads = TenantGate(TOKENIZING_PER_TENANT)
 
 
 def prompt_chars(cmd: Generate) -> int:
@@ -171,7 +173,7 @@ async def tokenize_off_loop(
         if id(tokenizer) not in _token_chars:
             await asyncio.to_thread(max_token_chars, tokenizer)
         check_fits(cmd, tokenizer, context_length)
-    async with _tokenizing.hold(tenant):
+    async with helper_threads.hold(tenant):
         return await asyncio.to_thread(tokenize, tokenizer, cmd)
 
 
@@ -270,7 +272,8 @@ async def prepare(pool: ModelPool, cmd: Generate, tenant: str | None = None) -> 
     for token_id, _ in cmd.sampling.logit_bias:
         if not 0 <= token_id < vocab:
             raise invalid(f"logit_bias token id {token_id} is not in [0, {vocab})", "logit_bias")
-    compiled, schema = await _grammar(cmd, engine)
+    async with helper_threads.hold(tenant):
+        compiled, schema = await _grammar(cmd, engine)
     return Prepared(
         entry, engine, prompt_text, prompt_ids, max_tokens,
         compiled.new() if compiled else None, schema,
