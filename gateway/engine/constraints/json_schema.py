@@ -37,10 +37,18 @@ from typing import TYPE_CHECKING, Any, Final
 import llguidance
 import llguidance.hf
 import numpy as np
-import re2  # type: ignore[import-untyped]
 import torch
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
+from gateway.engine.constraints.patterns import (
+    MAX_PATTERN_CHARS,
+    MAX_PATTERNS,
+    MAX_PATTERNS_CHARS,
+    PATTERNS_COMPILE_BUDGET_S,
+    PatternError,
+    compile_regex,
+    re2_validator,
+)
 from gateway.engine.errors import EngineError
 from gateway.limits import MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES
 
@@ -58,21 +66,6 @@ JSON_OPTIONS: Final[JsonCompileOptions] = {
 GRAMMAR_CACHE_SIZE = 128
 TOKENIZER_CACHE_SIZE = 8
 MASK_WINDOW = 128  # masks kept for the last positions (> the engine's largest k)
-MAX_PATTERN_CHARS: Final = 1_000
-"""Longest regex of one `pattern` value or `patternProperties` key (RE2's compile time and
-memory grow with it; 1,000 characters is far beyond any real field format)."""
-MAX_PATTERNS_CHARS: Final = 10_000
-"""Most characters of all the regexes of one schema together."""
-MAX_PATTERNS: Final = 64
-"""Most regexes in one schema (each distinct one is compiled)."""
-PATTERNS_COMPILE_BUDGET_S: Final = 0.1
-"""Longest time the compiles of one schema's new regexes may take together: RE2 holds the
-interpreter lock while it compiles, so this bounds how long one schema can stall every
-other thread (the event loop included). Real field formats compile in microseconds."""
-RE2_MAX_MEM: Final = 1 << 20
-"""RE2's memory budget per regex (1 MiB, against its default 8 MiB): a regex whose program
-would be larger is refused in milliseconds instead of compiled for hundreds."""
-PATTERN_CACHE_SIZE = 512
 
 
 # Every keyword of JSON Schema drafts 4 to 2020-12, by where its subschemas sit.
@@ -165,32 +158,6 @@ def schema_patterns(schema: Any, path: str = "#") -> Iterator[tuple[str, Any]]:
                 yield from schema_patterns(sub, f"{here}/{i}" if isinstance(value, list) else here)
 
 
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False  # a refused pattern is the client's 400, not a log line
-_RE2_OPTIONS.max_mem = RE2_MAX_MEM
-_patterns: OrderedDict[str, Any] = OrderedDict()
-
-
-def _re2(pattern: str) -> Any:
-    """The RE2 of a schema regex (LRU cached); ConstraintError if RE2 cannot compile it."""
-    with _lock:
-        hit = _patterns.get(pattern)
-        if hit is not None:
-            _patterns.move_to_end(pattern)
-            return hit
-    try:
-        compiled = re2.compile(pattern, options=_RE2_OPTIONS)
-    except re2.error as exc:
-        reason = exc.args[0] if exc.args else exc
-        message = reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
-        raise ConstraintError(f"the regex {pattern!r} is not supported: {message}") from None
-    with _lock:
-        _patterns[pattern] = compiled
-        while len(_patterns) > PATTERN_CACHE_SIZE:
-            _patterns.popitem(last=False)
-    return compiled
-
-
 def check_patterns(schema: Any) -> None:
     """ConstraintError unless every regex of the schema is a string of at most
     MAX_PATTERN_CHARS that RE2 compiles, MAX_PATTERNS_CHARS and MAX_PATTERNS in all, and
@@ -219,8 +186,8 @@ def check_patterns(schema: Any) -> None:
                 f"the schema's regexes have more than {MAX_PATTERNS_CHARS} characters in all"
             )
         try:
-            _re2(pattern)
-        except ConstraintError as exc:
+            compile_regex(pattern)
+        except PatternError as exc:
             raise ConstraintError(f"{exc} (at {where})") from None
 
 
@@ -483,70 +450,6 @@ class JsonGrammar:
         return node.complete
 
 
-def _search(pattern: str, text: str) -> bool:
-    return _re2(pattern).search(text) is not None
-
-
-def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
-    from jsonschema.exceptions import ValidationError
-
-    if validator.is_type(instance, "string") and not _search(pattern, instance):
-        yield ValidationError(f"{instance!r} does not match {pattern!r}")
-
-
-def _pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any) -> Iterator[Any]:
-    if not validator.is_type(instance, "object"):
-        return
-    for pattern, subschema in patterns.items():
-        for k, v in instance.items():
-            if _search(pattern, k):
-                yield from validator.descend(v, subschema, path=k, schema_path=pattern)
-
-
-def _additional_properties(validator: Any, aP: Any, instance: Any, schema: Any) -> Iterator[Any]:
-    from jsonschema.exceptions import ValidationError
-
-    if not validator.is_type(instance, "object"):
-        return
-    properties = schema.get("properties", {})
-    patterns = list(schema.get("patternProperties", {}))
-    extras = [
-        k for k in instance if k not in properties and not any(_search(p, k) for p in patterns)
-    ]
-    if validator.is_type(aP, "object"):
-        for extra in extras:
-            yield from validator.descend(instance[extra], aP, path=extra)
-    elif not aP and extras:
-        joined = ", ".join(repr(each) for each in sorted(extras))
-        if patterns:
-            listed = ", ".join(repr(each) for each in sorted(patterns))
-            yield ValidationError(f"{joined} do(es) not match any of the regexes: {listed}")
-        else:
-            yield ValidationError(f"Additional properties are not allowed ({joined} unexpected)")
-
-
-_RE2_VALIDATORS: dict[Any, Any] = {}
-
-
-def _re2_validator(cls: Any) -> Any:
-    """`cls` (a jsonschema validator class) with its regex keywords matched by RE2."""
-    import jsonschema
-
-    with _lock:
-        extended = _RE2_VALIDATORS.get(cls)
-        if extended is None:
-            extended = jsonschema.validators.extend(
-                cls,
-                {
-                    "pattern": _pattern,
-                    "patternProperties": _pattern_properties,
-                    "additionalProperties": _additional_properties,
-                },
-            )
-            _RE2_VALIDATORS[cls] = extended
-    return extended
-
-
 def validate_output(text: str, schema: dict[str, Any] | None) -> None:
     """Raise ConstraintError unless `text` is one JSON document valid under `schema`
     (None: any JSON object). Uses jsonschema (the schema's $schema, else Draft 2020-12,
@@ -565,8 +468,11 @@ def validate_output(text: str, schema: dict[str, Any] | None) -> None:
             raise ConstraintError(f"the output is JSON but not an object: {type(doc).__name__}")
         return
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    validator = _re2_validator(cls)(schema, format_checker=cls.FORMAT_CHECKER)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
+    validator = re2_validator(cls)(schema, format_checker=cls.FORMAT_CHECKER)
+    try:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
+    except PatternError as exc:  # the grammar's compile refuses such a schema first
+        raise ConstraintError(str(exc)) from None
     if error is not None:
         raise ConstraintError(
             f"the output violates the schema at {error.json_path}: {error.message}"
@@ -574,6 +480,7 @@ def validate_output(text: str, schema: dict[str, Any] | None) -> None:
 
 
 __all__ = [
+    "MAX_PATTERNS",
     "MAX_PATTERNS_CHARS",
     "MAX_PATTERN_CHARS",
     "CompiledGrammar",
