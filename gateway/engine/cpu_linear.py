@@ -1,12 +1,11 @@
 """fp32 linear layers for decode-sized inputs on CPU: y^T = W x^T instead of y = x W^T.
 
 A decode step feeds 1 token and a verify step k + 1, so every nn.Linear multiplies a few
-rows by a large weight. torch computes x @ W^T; on the CPU we measured (MKL, AMD EPYC, 2
-cores) that call grows with the row count much faster than W @ x^T does (our reading: MKL
-packs the large operand on every call in the first form, the small one in the second). A
-single row is doubled, because MKL's one-column kernel is slower than its two-column one
-(by `torch.cat`: `repeat` took 27 us against 4 on an AVX2 EPYC, and the whole standard
-step 12% longer).
+rows by a large weight. torch computes x @ W^T; on the CPU that call grows with the row
+count much faster than W @ x^T does (our reading: MKL packs the large operand on every call
+in the first form, the small one in the second). A single row is doubled (by `torch.cat`,
+which is cheaper than `repeat`), because MKL's one-column kernel is slower than its
+two-column one.
 Same fp32 arithmetic, other summation blocking: results differ from x @ W^T by rounding
 (~1e-7 relative), in standard and speculative decoding alike. Inputs with more than
 ROWS_MAX rows (long prefills), autograd, and weights no longer fp32 on CPU keep torch's own
@@ -16,31 +15,26 @@ are the ones torch would pick.
 
 From packed_linear.ROWS_MIN rows on (a verify step of k >= 3, a batch's step, a prefill
 chunk), the product runs on oneDNN with the weight packed once instead (packed_linear.py:
-up to 2x cheaper at 8-40 rows, and a row rounds the same alone and among up to 128).
+cheaper at several rows, and a row rounds the same alone and among up to 128).
 
 Traced by torch.compile (engine/compiled.py), one row is multiplied by W and summed along
 the input instead (a reduction inductor generates and fuses, with no library call and no
 doubling), output head included; several rows call the product above as the op
 `gateway::linear_rows`, which picks its form by the rows at run time, so a compiled kind
-(1 x several tokens, several rows) stays one graph for every row count. On the AVX2 EPYC the demo
-target's compiled one-row decode step went from 12.6 to 11.1 ms (standard decoding,
-in-process, one run each); torch's own linear there (inductor's decompose_mm_pass takes
-one-row products, but not the 8192 x 256 head) gave 12.2 ms.
+(1 x several tokens, several rows) stays one graph for every row count. The one-row
+reduction measured faster on CPU than both the library call and torch's own linear
+(inductor's decompose_mm_pass takes one-row products, but not a large output head); see
+benchmarks/reports/engine_compiled.json.
 
-Whether it pays depends on the CPU and its BLAS: on the AMD EPYC machines it was written
-on, verify steps got 20-30% cheaper; on an Intel Xeon with AMX (MKL) the same demo pair
-decoded 2x slower with it (standard 67-70 vs 128-153 tokens/s). So `load_model` measures
-by default (`weight_major_pays`), once per process and model shape, and patches only where
-it is faster. What it times is the products themselves: the model's own weights, each in
-turn as a step reads them, multiplied in both forms by inputs of a decode step's, a verify
-step's and a batch step's rows (PROBE_ROWS). It used to time the model's eager transformers
-forward instead, whose Python and dispatch (about 9 ms a decode step of the demo target)
-hid the products: on a 2-core AMD EPYC with AVX2 (Zen 3) that timing kept torch's linear
-for the demo target (30.6 against 31.6 ms, three times), while its compiled steps, where
-the products are most of the time, ran 1.3-1.5x faster weight-major (in one process,
-alternating, 128 cached tokens, ms: 1 row x 1 token 2.9 against 4.1, 1 x 5 8.6 against
-12.0, 8 x 1 9.3 against 14.3, 8 x 5 17.9 against 26.7); its 49 products alone, 5 rows,
-took 5.9 ms packed against 11.3 with torch's linear.
+Whether it pays depends on the CPU and its BLAS: on some CPUs it makes verify steps
+cheaper, on others (e.g. with AMX under MKL) it makes decoding slower. So `load_model`
+measures by default (`weight_major_pays`), once per process and model shape, and patches
+only where it is faster. What it times is the products themselves: the model's own weights,
+each in turn as a step reads them, multiplied in both forms by inputs of a decode step's, a
+verify step's and a batch step's rows (PROBE_ROWS). It does not time the model's eager
+transformers forward: its Python and dispatch overhead hides the products, so such a timing
+can keep torch's linear where the compiled steps, in which the products are most of the
+time, run faster weight-major.
 """
 
 from __future__ import annotations
@@ -67,11 +61,10 @@ ROWS_MAX = 128
 """Above the largest verify (engine.MAX_K + 1 rows): every decode step and every verify step
 take the weight-major path, so both modes round alike; in eager code longer prefills keep
 torch's. A compiled step sends every product of several rows to the op, whatever its rows:
-a traced branch on them is a guard (rows x tokens <= 128) that a precompiled step's longer
-prefill chunks and 16-row verify steps failed, each compiled anew while serving (a stall of
-seconds); and the op's oneDNN form is the faster one there too (AMD EPYC with AVX-512, us a
-product, torch's against the op: the demo head 8192 x 256 at 129 rows 4410 / 2796, 512 rows
-14547 / 10494, 2048 rows 72723 / 60625; 1536 x 256 at 512 rows 2786 / 1806)."""
+a traced branch on them would be a guard (rows x tokens <= 128) that a precompiled step's
+longer prefill chunks and 16-row verify steps fail, each compiled anew while serving (a
+stall of seconds); and the op's oneDNN form measured faster than torch's linear at those row counts
+too (see benchmarks/reports/engine_compiled.json)."""
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
