@@ -23,8 +23,7 @@ doubling), output head included; several rows call the product above as the op
 `gateway::linear_rows`, which picks its form by the rows at run time, so a compiled kind
 (1 x several tokens, several rows) stays one graph for every row count. The one-row
 reduction measured faster on CPU than both the library call and torch's own linear
-(inductor's decompose_mm_pass takes one-row products, but not a large output head); see
-benchmarks/reports/engine_compiled.json.
+(inductor's decompose_mm_pass takes one-row products, but not a large output head).
 
 Whether it pays depends on the CPU and its BLAS: on some CPUs it makes verify steps
 cheaper, on others (e.g. with AMX under MKL) it makes decoding slower. So `load_model`
@@ -64,7 +63,7 @@ torch's. A compiled step sends every product of several rows to the op, whatever
 a traced branch on them would be a guard (rows x tokens <= 128) that a precompiled step's
 longer prefill chunks and 16-row verify steps fail, each compiled anew while serving (a
 stall of seconds); and the op's oneDNN form measured faster than torch's linear at those row counts
-too (see benchmarks/reports/engine_compiled.json)."""
+too."""
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

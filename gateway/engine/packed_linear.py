@@ -4,17 +4,17 @@ What it replaces: cpu_linear's W @ x^T (MKL), whose cost grows fast with the row
 verify step, a batch's step or a prefill chunk. torch's oneDNN linear with the weight
 reordered once into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`,
 what inductor's freezing pass does for a frozen model) reads the weight in the order its
-kernel wants, so a product of 4 to 40 rows costs little more than one. Measured on a 2-core
-AMD EPYC with AVX-512 (torch 2.13, 2 threads, us a product, the weight cached, W @ x^T
-against packed oneDNN): the demo target's 8192 x 256 output head, 5 rows 392 against 124,
-8 rows 508 against 175, 40 rows 1142 against 788; its 1536 x 256 gate-and-up projection, 5
-rows 87 against 42. Fewer than ROWS_MIN rows keep W @ x^T (see ROWS_MIN).
+kernel wants, so a product of 4 to 40 rows costs little more than one: measured on CPU
+it is a few times cheaper than W @ x^T at a few rows for the large output head and the
+gate-and-up projection, and still cheaper at 40 rows (see
+benchmarks/reports/engine_compiled_epyc_packed.json for the effect on whole steps). Fewer
+than ROWS_MIN rows keep W @ x^T (see ROWS_MIN).
 
 Exactness: oneDNN's sums run in the same order whatever the row count (a row's result
 bitwise equal alone and among up to 128 rows, on every demo shape), where MKL's W @ x^T
 rounds a row differently from 5 rows on. Both round differently from torch's x @ W^T
 (~1e-7 relative), in standard and speculative decoding alike; a greedy choice can part
-between a one-row step and a verify step only at a near tie, as before.
+between a one-row step and a verify step only at a near tie, as with W @ x^T.
 
 Lifetime: a packed copy is kept per weight (data pointer, shape, strides), with a weak
 reference to the tensor it was made from; it is dropped when that tensor dies and not
@@ -33,11 +33,8 @@ as an extern kernel; it finds its pack by the weight it is given, and picks its 
 the rows at run time, so a compiled kind stays one graph). Its CPU kernel is C++
 (linear_rows.cpp, built and loaded by native.py) where the host can build it, else
 `PythonKernel` here: the same calls, bitwise the same products, each with its own packs.
-The C++ one saves the Python kernel's body and its dispatch back into Python, 5-17 us a call
-(AMD EPYC with AVX-512, 2 cores, op against op): the demo target's compiled several-token
-steps took 0.90-0.95 of their time with it (1 row x 5 tokens 4.28 / 4.13 ms against 4.79 /
-4.60 with the Python kernel, 8 rows x 1 token 5.65 / 5.32 against 5.98 / 5.66; two
-processes each, alternating kernels).
+The C++ one saves the Python kernel's body and its dispatch back into Python on every call,
+a noticeable share of a compiled several-token step, whose products are most of its time.
 """
 
 from __future__ import annotations
@@ -58,12 +55,11 @@ AVAILABLE = bool(
 )
 
 ROWS_MIN = 4
-"""Products of fewer rows run as W @ x^T: a oneDNN call costs about 13 us before any work
-(a 3 x 64 x 64 product: 14 us against MKL's 4), which the rows it saves must pay back. The
-demo target's 49 products a step, each weight read from memory in turn (its 48 MB do not
-stay cached), took in ms W @ x^T against packed oneDNN: 1 row 2.24 / 2.82, 2 rows 2.19 /
-2.96, 3 rows 2.79 / 2.76, 4 rows 3.11 / 2.81, 5 rows 3.69 / 2.84, 8 rows 4.78 / 3.29, 16
-rows 7.94 / 4.17, 40 rows 13.9 / 6.89 (AVX-512 EPYC, one process, medians of 30)."""
+"""Products of fewer rows run as W @ x^T: a oneDNN call has a fixed cost before any work,
+several times MKL's for a small product, which the rows it saves must pay back. Timing a
+step's products, each weight read from memory in turn (the weights do not stay cached),
+W @ x^T is as fast or faster up to 3 rows and packed oneDNN faster from 4 rows on, its lead
+growing with the rows."""
 
 _Key = tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype]
 
@@ -184,8 +180,8 @@ def _shape(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 PYTHON = PythonKernel()
 NATIVE = native.load()
-"""Whether the op's CPU kernel is the C++ one (native.py): 10-14 us a call less than the
-Python kernel's body, a few hundred microseconds of a several-token step."""
+"""Whether the op's CPU kernel is the C++ one (native.py): it skips the Python kernel's
+body and the dispatch back into Python on every call."""
 if NATIVE:
     torch.ops.gateway.configure_packs(ROWS_MIN, AVAILABLE)
 else:
