@@ -81,9 +81,9 @@ def wrap_model(
     nn.Linear layers (in place) and its reduced head get the decode-friendly forward of
     cpu_linear.py; None (the default) measures whether that pays on this machine, on the
     products its steps will run: with `compiled` (its steps are to be compiled,
-    engine/compiled.py), those of the compiled step, whose projections are joined (on the
-    demo target, an AMD EPYC with AVX2: the two forms timed even on the model's own
-    products, and 1.3-1.5x apart, weight-major faster, on the joined ones)."""
+    engine/compiled.py), those of the compiled step, whose projections are joined (the
+    verdict can differ between the model's own products and the joined ones, and the
+    joined ones are what a compiled step runs)."""
     model.eval()
     kwarg = cache_kwarg(model)
     decoder = unchecked_decoder(model) if lean else None
