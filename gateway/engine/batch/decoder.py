@@ -168,7 +168,8 @@ class Joined(torch.nn.Module):
     q, k and v (`qkv`), the MLP's gate and up (`gate_up`). What the compiled step runs
     (engine/compiled.py): at decode sizes a product's cost is mostly its fixed per-call
     part, so 4 products a layer instead of 7 cost less (measured faster on CPU in raw
-    products, and each product saved also saves inductor's per-call wrapper work). The joined weight owns the memory; the layer's own projections are
+    products, and each product saved also saves inductor's per-call wrapper work). The
+    joined weight owns the memory; the layer's own projections are
     re-pointed at row ranges of it (the same values, contiguous), so nothing is held
     twice and the eager decoder is unchanged. Built by `join`, which returns None for a
     layer whose projections cannot be joined (some with a bias, some without; other
@@ -298,7 +299,8 @@ def reference_logits(
     model's output head applied to the rows `kept_rows` picks from its final hidden states.
     A head over every position multiplies another number of rows, and a BLAS may round a
     row by how many rows share its product (MKL, for one, may round in classes of row
-    counts, which depend on the CPU), so comparing with that would test the BLAS, not the decoder."""
+    counts, which depend on the CPU), so comparing with that would test the BLAS, not the
+    decoder."""
     from gateway.engine.batch.forward import batched_forward
 
     if not keep_last or backbone:
