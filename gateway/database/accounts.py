@@ -27,6 +27,7 @@ from gateway.database.audit.types import (
 )
 from gateway.database.base import POLICIES_LOCK, StoreBase, utcnow
 from gateway.database.tables import KEYS, POLICIES, TENANTS
+from gateway.database.tables_shared import PRINCIPALS
 
 KEY_PREFIX = "sk-"
 
@@ -154,9 +155,14 @@ class AccountsMixin(StoreBase):
         return changed
 
     async def lookup_key(self, plaintext: str) -> KeyInfo | None:
-        """The key a presented secret belongs to (revoked ones too: check ``revoked``)."""
+        """The key a presented secret belongs to (revoked ones too: check ``revoked``). An
+        operator key whose principal is disabled counts as revoked, whatever its row says."""
         cols = ("id", "tenant_id", "role", "revoked_at", "principal", "expires_at", "last_used_at")
-        stmt = select(*(KEYS.c[c] for c in cols)).where(KEYS.c.key_hash == hash_key(plaintext))
+        stmt = (
+            select(*(KEYS.c[c] for c in cols), PRINCIPALS.c.disabled_at)
+            .select_from(KEYS.outerjoin(PRINCIPALS, PRINCIPALS.c.name == KEYS.c.principal))
+            .where(KEYS.c.key_hash == hash_key(plaintext))
+        )
         row = await self._query(lambda conn: conn.execute(stmt).first())
         if row is None:
             return None
@@ -164,7 +170,7 @@ class AccountsMixin(StoreBase):
             id=row.id,
             tenant_id=row.tenant_id,
             role=row.role,
-            revoked=row.revoked_at is not None,
+            revoked=row.revoked_at is not None or row.disabled_at is not None,
             principal=row.principal,
             expires_at=row.expires_at,
             last_used_at=row.last_used_at,

@@ -22,8 +22,8 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from gateway.database.accounts import AccountsMixin, hash_key
-from gateway.database.audit.types import OPERATOR_ROLES, AdminEvent, KeyInfo
+from gateway.database.accounts import AccountsMixin
+from gateway.database.audit.types import OPERATOR_ROLES, AdminEvent
 from gateway.database.base import utcnow
 from gateway.database.tables import KEYS
 from gateway.database.tables_shared import PRINCIPALS
@@ -45,28 +45,6 @@ def successor_expiry(old: datetime | None, asked: datetime | None) -> datetime |
 
 
 class OperatorsMixin(AccountsMixin):
-    async def lookup_key(self, plaintext: str) -> KeyInfo | None:
-        """The key a presented secret belongs to (revoked ones too: check ``revoked``). An
-        operator key whose principal is disabled counts as revoked, whatever its row says."""
-        cols = ("id", "tenant_id", "role", "revoked_at", "principal", "expires_at", "last_used_at")
-        stmt = (
-            select(*(KEYS.c[c] for c in cols), PRINCIPALS.c.disabled_at)
-            .select_from(KEYS.outerjoin(PRINCIPALS, PRINCIPALS.c.name == KEYS.c.principal))
-            .where(KEYS.c.key_hash == hash_key(plaintext))
-        )
-        row = await self._query(lambda conn: conn.execute(stmt).first())
-        if row is None:
-            return None
-        return KeyInfo(
-            id=row.id,
-            tenant_id=row.tenant_id,
-            role=row.role,
-            revoked=row.revoked_at is not None or row.disabled_at is not None,
-            principal=row.principal,
-            expires_at=row.expires_at,
-            last_used_at=row.last_used_at,
-        )
-
     async def create_principal(
         self, name: str, role: str, *, actor: str, expires_at: datetime | None = None
     ) -> tuple[dict[str, Any], str, str]:

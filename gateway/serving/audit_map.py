@@ -98,17 +98,7 @@ def served_record(
         ttft = round((first_token_at - meta.received_at) * 1000, 3)
     return RequestRecord(
         **request_fields(meta, principal, cmd, status, error),
-        decision_id=decision.decision_id,
-        mode=decision.mode,
-        reason_codes=tuple(decision.reason_codes),
-        policy_revision=decision.policy_revision,
-        target_model=target.name,
-        target_version=target.version,
-        target_sha256=target.sha256,
-        proposer=decision.proposer if speculative else None,
-        draft_model=draft.name if draft else None,
-        draft_version=draft.version if draft else None,
-        draft_sha256=draft.sha256 if draft else None,
+        **decision_fields(decision, target, draft),
         k_min=decision.k_min if speculative else None,
         k_max=decision.k_max if speculative else None,
         drafted_tokens=stats.drafted if stats else 0,
@@ -124,6 +114,24 @@ def served_record(
     )
 
 
+def decision_fields(decision: Any, target: Any, draft: Any | None) -> dict[str, Any]:
+    """What the admission and the final record both say of the decision and the models."""
+    speculative = decision.mode == "speculative"
+    return {
+        "decision_id": decision.decision_id,
+        "mode": decision.mode,
+        "proposer": decision.proposer if speculative else None,
+        "reason_codes": tuple(decision.reason_codes),
+        "policy_revision": decision.policy_revision,
+        "target_model": target.name,
+        "target_version": target.version,
+        "target_sha256": target.sha256,
+        "draft_model": draft.name if draft else None,
+        "draft_version": draft.version if draft else None,
+        "draft_sha256": draft.sha256 if draft else None,
+    }
+
+
 def admission_record(
     *,
     meta: RequestMeta,
@@ -136,24 +144,13 @@ def admission_record(
 ) -> Admission:
     """What is durable before the first output byte: who, the decision, the models, the
     prompt's digest (the final record repeats them and adds the outcome)."""
-    speculative = decision.mode == "speculative"
     assert principal.tenant_id is not None
     return Admission(
         request_id=meta.request_id,
         tenant_id=principal.tenant_id,
         key_id=principal.key_id,
         endpoint=meta.endpoint,
-        decision_id=decision.decision_id,
-        mode=decision.mode,
-        proposer=decision.proposer if speculative else None,
-        reason_codes=tuple(decision.reason_codes),
-        policy_revision=decision.policy_revision,
-        target_model=target.name,
-        target_version=target.version,
-        target_sha256=target.sha256,
-        draft_model=draft.name if draft else None,
-        draft_version=draft.version if draft else None,
-        draft_sha256=draft.sha256 if draft else None,
+        **decision_fields(decision, target, draft),
         prompt_tokens=prompt_tokens,
         prompt_sha256=_sha(prompt_text),
         trace_id=meta.trace_id,
