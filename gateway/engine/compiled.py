@@ -22,9 +22,8 @@ so the kinds are one row x one token, one row x several tokens, several rows x o
 several x several. The slot buffers' sizes are constants (`_step`): a step is built for
 one batch shape (`batch_buffers`). Whether the one-row one-token kind pays depends on the
 CPU (eager reads the row's cache as a view with no mask, the compiled step gathers and
-masks): 1.26x
-standard tokens/s on an AVX-512 EPYC, 0.92x on an AVX2 one (`python -m benchmarks
-engine_compiled`); GATEWAY_COMPILE=auto measures each kind and keeps the faster. `warm_up`
+masks; `python -m benchmarks engine_compiled` compares them), so GATEWAY_COMPILE=auto
+measures each kind and keeps the faster. `warm_up`
 compiles them at start, before the gateway says it is ready; with a store (`Precompiled`)
 a restart loads them instead of tracing them again.
 
@@ -72,14 +71,14 @@ so a chunk is the same graph as a verify step (no new trace,
 HEAD_SHARE = 0.25
 """A target step serves prefill chunks (`CompiledForwards.prefill_all`) when its output
 head has at most this share of its layers' weights: the demo target's is 0.2 (a 8192 x 256
-head against 12 layers of 0.85M), and its chunks measured 13-32% faster compiled with the
-head at every position; a model with a large vocabulary for its width (0.38 for a 152k x
+head against 12 layers of 0.85M), and its chunks measured faster compiled with the head
+at every position; a model with a large vocabulary for its width (0.38 for a 152k x
 896 head over 24 layers of 15M) would spend that on the head."""
 KINDS = frozenset({"1x1", "1xN", "Bx1", "BxN"})
 Later = tuple[frozenset[str], Callable[[], object]]  # (kinds, wait): warm_up's `then`
 Claim = Callable[[str], bool]  # may this process compile a kind's stored step (its file
 # name)? warm_up's `claim` (engine/precompile.py `claimer`)
-FASTER = 0.97  # auto keeps a kind whose compiled step took at most this share of eager's
+FASTER = 0.97  # auto keeps a kind whose compiled step takes at most this share of eager's
 INDUCTOR: dict[str, Any] = {
     "size_asserts": False,
     "post_grad_fusion_options": {"decompose_mm_pass": {}},
@@ -88,17 +87,16 @@ INDUCTOR: dict[str, Any] = {
 
 No size asserts: inductor's Python wrapper checks each input's sizes and strides on every
 call (about 100 checks a step of the demo target), which the step's guards have checked
-already; without them the demo target's step took 0.95-0.98 of its time by kind (one
-process, alternating calls, an Intel Xeon with AMX, 2 cores).
+already, so they are pure per-call overhead; without them every kind measured faster.
 
 Matrix products of one row as generated reductions (inductor's decompose_mm_pass; on a
 CPU it takes products of exactly one row with weights up to 2048 x 2048, so on the demo
 target the one-row one-token kind's projections, not its output head and no other kind):
-torch's mm copied each such input first (inductor hands it a row of stride 0, which BLAS
-refuses), 3 copies a layer, and calls the library for a few microseconds of work. The
-demo target's one-row one-token step took 0.88 of its time (1.95 -> 1.72 ms, same
-process, 128 cached tokens); with two to eight rows the reductions were 1.25-1.6x slower
-than the library, which is why only one row is taken. The sums run in another order than
+torch's mm copies each such input first (inductor hands it a row of stride 0, which BLAS
+refuses), 3 copies a layer, and calls the library for a few microseconds of work; the
+reduction avoids both, and the one-row one-token step measured faster with it. With two to
+eight rows the reductions measured slower than the library, which is why only one row is
+taken. The sums run in another order than
 BLAS's, so a greedy choice may part from eager at a near tie (`python -m benchmarks
 engine_compiled` counts partings). A model given the weight-major linear (cpu_linear.py)
 writes its one-row products as that reduction itself, output head included."""
@@ -133,12 +131,12 @@ class CompiledForwards:
     """A target's output head (its forward), where the step's several-token kinds leave it
     to the caller (batch/forward.py): they return the final norm's output, and the caller
     multiplies the positions it keeps, every one of a verify step's, each row's last of a
-    prefill chunk's. Why: a chunk computed the head at every position, a sixth of its
-    products on the demo target (the head is 2.1M of its 12.3M weights a token). Inside the
-    graph the head of several rows was the op gateway::linear_rows already (an extern
-    kernel), so a verify step's logits are the same products as before. One-token kinds
-    keep it inside, as a generated reduction (75 us a call for the demo head against 225
-    for the op on one row, AMD EPYC with AVX-512). Not with captured graphs (`graphs`)."""
+    prefill chunk's. Why: inside the graph a chunk would compute the head at every position,
+    a sixth of its products on the demo target (the head is 2.1M of its 12.3M weights a
+    token). Inside the graph the head of several rows would be the op gateway::linear_rows
+    too (an extern kernel), so a verify step's logits are the same products either way.
+    One-token kinds keep it inside, as a generated reduction, which measured several times
+    cheaper than the op on one row. Not with captured graphs (`graphs`)."""
 
     def slot_cache(self, layers: int, capacity: int) -> SlotCache:
         """An empty slot cache of the buffers this step was compiled for (`buffers`), each
@@ -158,9 +156,9 @@ class CompiledForwards:
         of which the caller keeps each row's last (`prefills_all`).
 
         Why prefill chunks: an eager forward's elementwise work (norms, rotary, residuals,
-        activations) cost a third of a chunk's time at the demo sizes; fused, a 1 x 110
-        token prefill of the demo target took 21.6 ms against 24.9 eager, 1 x 40 12.1
-        against 17.9 (Intel Xeon, 2 cores, every position's logits included). A target's
+        activations) is a large share of a chunk's time at the demo sizes; fused, the
+        demo target's prefill chunks measured faster compiled than eager, every
+        position's logits included. A target's
         step does so only with `prefill_all` (its head small against its layers). Its keys
         and values round as the compiled step's: outputs may part from the eager gateway's
         at a near tie, as a compiled verify step's may (`python -m benchmarks
@@ -202,14 +200,14 @@ def _step(
     batch/forward.py `step_layout` (token ids, position ids, write positions, the last key
     each query sees; each row's slot and kept position, repeated along the row): ONE input
     tensor, unpacked here, and the attention mask built here from it (inductor fuses it
-    into the attention), where building a mask and six tensors per forward outside took
-    0.1 ms of Python and dispatch. span: arange(S), S the key span. window, dtype: the
+    into the attention), which saves the Python and dispatch of building a mask and six
+    tensors per forward outside. span: arange(S), S the key span. window, dtype: the
     model's sliding window and dtype (batch/forward.py `model_facts`). contiguous, base:
     see `_layer` (base: lo + 2 elements, lo the first row's slot). keys/values: each
     layer's slot buffers (slots, kv_heads, capacity, D), written at (rows, positions) in
     place. Returns logits (B, T, V), or (B, 1, V) of each row's kept position with
     keep_last; with `head`, through that reduced head (its product and the scatter into
-    the vocabulary, fused here, took about 0.1 ms a drafting step outside). With
+    the vocabulary, fused here, instead of a drafting step's separate ops outside). With
     `head_outside`, a step of several tokens a row returns the final norm's output (B, T, H)
     and leaves the output head to the caller (`CompiledForwards.outer_head`).
 
@@ -220,9 +218,9 @@ def _step(
     trace specialises would break the reuse for the next ones (torch 2.13). Then all their
     sizes are made constants (`mark_static` while tracing): a batch's buffers never change
     shape, and as dynamic sizes (two per buffer, 48 on the demo target, none of them equal
-    to another since duck sizing is off) they made tracing and fake-tensor propagation
-    reason about every layer's indexing with them: one kind of the demo target's step
-    compiled cold in 19.5 s against 40.6 s (AMD EPYC, 2 cores). Each layer runs
+    to another since duck sizing is off) they would make tracing and fake-tensor
+    propagation reason about every layer's indexing with them, roughly doubling a cold
+    compile. Each layer runs
     its joined projections where the model's could be joined (`compile_forwards` joins
     them; batch/decoder.py `Joined`): 4 products a layer instead of 7."""
     inner = lean.inner
@@ -262,11 +260,10 @@ def _family(lean: LeanDecoder, tokens: int) -> Family:
     One token a row on a CPU: the family's plain attention (matrix product, softmax, matrix
     product, which inductor fuses around two small products) instead of the model's
     (SDPA), whose CPU kernel costs tens of microseconds a call at decode sizes, most of it
-    fixed, once a layer. On the demo target, 128 cached tokens a row, the compiled step
-    took 0.86 (1 row) and 0.87 (8 rows) of its time with SDPA (one process, alternating
-    calls, an Intel Xeon with AMX, 2 cores). Several tokens a row keep SDPA: there the
-    plain form measured 0.98-1.02, and it gave a cold compile one more C++ kernel per kind.
-    Elsewhere (CUDA, never measured here), the model's own. (`tokens` is 1 exactly in the
+    fixed, once a layer; the one-token compiled step measured faster with the plain form,
+    one row and several alike. Several tokens a row keep SDPA: there the plain form
+    measured no faster, and it gives a cold compile one more C++ kernel per kind.
+    Elsewhere (CUDA, not measured), the model's own. (`tokens` is 1 exactly in the
     one-token kinds: torch specialises sizes of 1, so the choice is made at trace time.)"""
     cpu = next(lean.model.parameters()).device.type == "cpu"
     return lean.plain if cpu and tokens == 1 else lean.family
@@ -284,11 +281,10 @@ def _layer(
 
     The keys attended: with `base` (lo + 2 elements), the rows are slots lo, lo + 1, ...
     in order, and attention reads the buffers' view [lo : lo + B, :, :S], where gathering
-    the rows copies every row's keys and values a layer (on the demo target, 8 rows x 4
-    tokens with 120 cached: 1.7 of 10.5 ms a step in that copy and its writes). Without,
-    each row's slot is gathered. The values read are the same; a view measured 0.94 of
-    the step's time in the several-token kinds (8 x 4 and 1 x 3 tokens), 1.0 in one-token
-    ones (one process, alternating calls, Intel Xeon with AMX, 2 cores)."""
+    the rows copies every row's keys and values a layer (a sizeable share of a
+    several-token step's time). Without, each row's slot is gathered. The values read are
+    the same; the view measured faster in the several-token kinds and no faster in the
+    one-token ones, which gather (see `_step`)."""
     span = mask.shape[-1]
     heads = torch.arange(keys.shape[1], device=h.device)
     where = (rows[:, None, None], heads[None, :, None], positions[:, None, :])  # (B, kvH, T)
@@ -420,9 +416,9 @@ def _call_key(args: tuple[torch.Tensor, ...]) -> tuple[Any, ...] | None:
     """What a call shows an artifact's guards that can differ between calls, or None for
     a call whose key would not settle them (`Precompiled` checks the guards once per key).
 
-    Why: checking them took 35-38 us a call, and the step after a check ran slower too:
-    one-row one-token steps of the demo target, alternating in one process, 1906 us
-    checked against 1730 us keyed (median of 15 x 200 calls, AMD EPYC, 2 cores).
+    Why: checking them costs tens of microseconds a call, and the step after a check runs
+    slower too; a one-row one-token step of the demo target measured faster keyed than
+    checked.
 
     The guards (torch 2.13, `guard_manager.code_parts`) check the global state (grad and
     inference mode among it); every input's dtype, device, sizes and strides, the slot
@@ -449,7 +445,7 @@ def _static_layout(inputs: torch.Tensor) -> None:
     """The step input's first size (its six parts) is a constant, not one of the dynamic
     sizes: as one, duck sizing would equate it with a key span or row count that happened
     to be 6 when a kind was traced (a guard every other span fails: a second graph). The
-    just-in-time step marks every call (0.4 us): any call may be the one that traces. Not
+    just-in-time step marks every call (a cheap call): any call may be the one that traces. Not
     a call to a loaded ahead-of-time step: its guards refuse a marked tensor (torch 2.13)."""
     torch._dynamo.mark_static(inputs, 0)
 
@@ -567,11 +563,11 @@ def _fingerprint(lean: LeanDecoder, keep_last: bool, head: DraftHead | None) -> 
 def _jit(step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """`step` compiled just in time, with dynamic shapes, under `_tracing`'s settings
     (inductor cannot compile `_layer`, a nested region, with a float input it reads as a
-    scalar; torch 2.13). Kept config patches: about 4 us a call each. `step` runs as a
+    scalar; torch 2.13). Kept config patches: a small cost every call each. `step` runs as a
     copy with a code object of its own: torch keeps compiled entries per code object and,
     past 8 of them (`recompile_limit`), runs the function eager with a warning; every
-    model's step shares one code object otherwise, so a third model's kinds ran eager in a
-    process that compiled two."""
+    model's step shares one code object otherwise, so a third model's kinds would run eager
+    in a process that compiled two."""
     own = types.FunctionType(
         step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__,
         step.__closure__,
