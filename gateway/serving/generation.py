@@ -179,9 +179,7 @@ class Generation:
         except EngineError as exc:
             raise invalid(str(exc)) from exc
         except Overloaded as exc:  # queued past its tenant's share, evicted for another's
-            raise GatewayError(
-                "overloaded", str(exc), code="overloaded", retry_after=exc.retry_after
-            ) from exc
+            raise overloaded(exc) from exc
 
     async def _check_constraint(self, choice: Choice, result: DecodeResult) -> None:
         """A grammar-complete output must validate before it is returned (defence in depth:
@@ -452,9 +450,7 @@ class GenerationService:
                 choices.append(Choice(i, job, grammar))
         except Overloaded as exc:
             await self._abandon(choices, ticket, tenant)
-            raise GatewayError(
-                "overloaded", str(exc), code="overloaded", retry_after=exc.retry_after
-            ) from exc
+            raise overloaded(exc) from exc
         except BaseException:
             await self._abandon(choices, ticket, tenant)
             raise
@@ -473,3 +469,8 @@ def _k_prior(plan: Plan) -> KPrior | None:
     if d.acceptance is None or d.c is None:
         return None
     return KPrior(acceptance=d.acceptance, c=d.c)
+
+
+def overloaded(exc: Overloaded) -> GatewayError:
+    """The worker's refusal as the client's 503 (Retry-After from the worker)."""
+    return GatewayError("overloaded", str(exc), code="overloaded", retry_after=exc.retry_after)

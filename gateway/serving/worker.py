@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
 import queue
 import sys
 import threading
@@ -48,6 +49,7 @@ from gateway.serving.fairness import SYSTEM, FairQueue, Overloaded, Share
 __all__ = ["InferenceWorker", "Job", "Overloaded", "Share", "batch_rows"]
 
 T = TypeVar("T")
+log = logging.getLogger("gateway")
 _DONE = object()
 _WAKE = object()  # a job was queued: the worker thread looks at the fair queue
 
@@ -195,9 +197,7 @@ class InferenceWorker:
             self._inbox.put(None)
             self._thread.join(timeout)
             if self._thread.is_alive():
-                import logging  # (here: this edit keeps to stop())
-
-                logging.getLogger("gateway").warning(
+                log.warning(
                     "inference thread still busy %g s after stop; shutting down without it",
                     timeout,
                 )
