@@ -1,7 +1,7 @@
 """Typed settings, read from the environment (GATEWAY_*), with documented defaults.
 
 Every field below is one environment variable: the field name upper-cased with the
-GATEWAY_ prefix (``port`` -> ``GATEWAY_PORT``). The README lists them too.
+GATEWAY_ prefix (``port`` -> ``GATEWAY_PORT``). docs/configuration.md lists them too.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class Settings:
     as a promotion's regression gate); the others wait in the queue."""
     max_batch: int = 8
     """Rows of one target's continuous batch: requests that share every target forward.
-    Each row reserves a KV slot of the target's full context length (see README)."""
+    Each row reserves a KV slot of the target's full context length
+    (see docs/batching-and-speed.md)."""
     prefill_chunk: int = 128
     """Prompt tokens one batch step prefills at most for one row: a long prompt enters the
     batch over several steps, so the rows already decoding wait one chunk per step, not a
@@ -81,12 +82,12 @@ class Settings:
     then loads and compiles before the gateway says it is ready. ``auto`` then times each
     kind of step (one row x one token or several, several rows x one or several) compiled
     and eager on this device and serves compiled only the kinds where it measured at least
-    3% faster (a model where none did runs eager; the log says which). On a 2-core CPU the
-    demo gateway was ready 63-74 s after a cold start (91-95 s without GATEWAY_COMPILE_HELPER);
-    the compiled steps are saved (var/compile-cache unless TORCHINDUCTOR_CACHE_DIR is set:
-    inductor's cache and precompiled/) and a restart loads them (ready in about 9 s). It
-    decoded 1.2-1.4x faster at 8 rows, 1.0-1.4x at 1 row (README, "Compiled step"). Off by
-    default because of the first start's time. A draft registered while the gateway runs
+    3% faster (a model where none did runs eager; the log says which). A cold start compiles
+    for about a minute on a small CPU; the compiled steps are saved (var/compile-cache unless
+    TORCHINDUCTOR_CACHE_DIR is set: inductor's cache and precompiled/) and a restart loads
+    them (docs/batching-and-speed.md, "Compiled step"; benchmarks/reports/compile_startup.json
+    and engine_compiled.json have the measurements). Off by default because of the first
+    start's time. A draft registered while the gateway runs
     stays eager. ``true``/``false`` mean on/off."""
     compile_helper: bool = True
     """With ``GATEWAY_COMPILE`` on or auto, models on the CPU and 2 cores or more: at a

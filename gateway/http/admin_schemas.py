@@ -126,7 +126,7 @@ class OperatorCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ]
     role: Annotated[
         Literal["admin", "policy-author", "rollout-operator", "auditor"],
-        Meta(description="What the operator may do (README: named operators)."),
+        Meta(description="What the operator may do (docs/operations.md: named operators)."),
     ]
     expires_in_s: ExpiresIn = UNSET
 

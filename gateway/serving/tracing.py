@@ -9,7 +9,7 @@ its counters as plain data (``DecodeStats``); the queue, prefill and decode span
 from those after the run, with their real start and end times. Spans carry ids, counts and
 timings, never prompt or completion text.
 
-Configuration (read once at start, see README "Tracing"):
+Configuration (read once at start, see docs/operations.md "Traces, metrics, dashboards"):
 
 - ``OTEL_SDK_DISABLED=true``: off, whatever else is set.
 - ``OTEL_TRACES_EXPORTER``: comma-separated ``otlp`` (OTLP over HTTP/protobuf; endpoint,
