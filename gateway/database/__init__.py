@@ -40,16 +40,24 @@ Public API (the service layer codes against these names)::
     update_rollout(id, *, actor, expect_state=...) (compare-and-set)
     add_rollout_sample(rollout_id, arm, ...) / rollout_samples(rollout_id, arm, window)
 
+    # the verifiable log over the chains (gateway.database.audit.log): Merkle tree, signed
+    # checkpoints (C2SP tlog-checkpoint, Ed25519), inclusion and consistency proofs
+    log = AuditLog(store, Signer.parse("PRIVATE+KEY+..."))
+    await log.checkpoint() / log.checkpoints() / log.inclusion(kind, id) / log.consistency(a, b)
+
     writer = AuditWriter(store, max_batch=64, max_delay_ms=5)
     await writer.start(); rid = await writer.write(record, payload); await writer.stop()
 
 Compliance reads (records/record/events/export) return JSON-ready dicts (datetimes as
 ``YYYY-MM-DDTHH:MM:SS.ffffffZ``); CRUD reads return dicts with aware UTC datetimes.
 Hash chain: :mod:`gateway.database.audit.chain`. Migrations: :mod:`gateway.database.migrate`.
-CLI: ``python -m gateway.database {export,verify,summary,purge,upgrade}``.
+CLI: ``python -m gateway.database {export,verify,summary,purge,upgrade,keygen,checkpoint,
+export-log,checkpoints,verify-export}``.
 """
 
 from gateway.database.audit.chain import format_datetime
+from gateway.database.audit.log import AuditLog, LogBroken
+from gateway.database.audit.note import Signer, Verifier
 from gateway.database.audit.types import (
     OPERATOR_ROLES,
     AdminEvent,
@@ -71,15 +79,19 @@ __all__ = [
     "OPERATOR_ROLES",
     "AdminEvent",
     "Admission",
+    "AuditLog",
     "AuditUnavailable",
     "AuditWriter",
     "Database",
     "KeyInfo",
+    "LogBroken",
     "Payload",
     "PrincipalExists",
     "RecordFilter",
     "RequestRecord",
+    "Signer",
     "TenantExists",
+    "Verifier",
     "WriterStats",
     "format_datetime",
     "sha256_text",

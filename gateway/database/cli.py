@@ -6,6 +6,15 @@
     python -m gateway.database purge [--now ISO] [--actor NAME]  # delete expired payloads
     python -m gateway.database upgrade           # alembic upgrade head (production job)
 
+The verifiable log (docs/audit.md, "Verifying offline"):
+
+    python -m gateway.database keygen --name ORIGIN --output audit-log.key  # prints the .pub
+    python -m gateway.database checkpoint --signing-key KEY   # sequence and sign now
+    python -m gateway.database export-log [--tenant T] [--output audit.jsonl]
+    python -m gateway.database checkpoints [--output checkpoints.txt]      # signed notes
+    python -m gateway.database verify-export audit.jsonl --checkpoints checkpoints.txt \
+        --public-key key.pub        # offline: no database; exit 0 ok, 2 broken
+
 URL: ``--database-url``, else env ``GATEWAY_DATABASE_URL``, else gateway.db in env
 ``GATEWAY_VAR_DIR`` (as the gateway), else ``sqlite+aiosqlite:///var/gateway.db``.
 Filters: --tenant, --since/--until (ISO 8601; naive means UTC), --mode, --target-model,
@@ -27,8 +36,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from gateway.database.audit.log import AuditLog
+from gateway.database.audit.log_export import export_log, export_tenant
+from gateway.database.audit.note import Signer, load_signer
 from gateway.database.audit.queries import csv_line
 from gateway.database.audit.types import RecordFilter
+from gateway.database.audit.verify_export import read_keys, verify_export
 from gateway.database.base import Timeouts
 from gateway.database.migrate import DEFAULT_URL, upgrade_to_head_async
 from gateway.database.store import Database
@@ -88,7 +101,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="who the admin event names (default cli:$USER)",
     )
     sub.add_parser("upgrade", help="alembic upgrade head")
+    _add_log_commands(sub)
     return parser
+
+
+def _add_log_commands(sub: Any) -> None:
+    keygen = sub.add_parser("keygen", help="new Ed25519 signing key for the log's checkpoints")
+    keygen.add_argument("--name", required=True, help="the log's origin (the key's name)")
+    keygen.add_argument("--output", "-o", required=True, help="the private key file (0600)")
+    sign = sub.add_parser("checkpoint", help="sequence new rows and sign a checkpoint now")
+    sign.add_argument("--signing-key", required=True, help="PRIVATE+KEY+... text or its file")
+    log = sub.add_parser("export-log", help="the log as JSON lines (leaf order)")
+    log.add_argument("--tenant", help="only this tenant's rows, each with its inclusion proof")
+    log.add_argument("--output", "-o", help="file to write (default stdout)")
+    cps = sub.add_parser("checkpoints", help="every signed checkpoint (with cosignatures)")
+    cps.add_argument("--output", "-o", help="file to write (default stdout)")
+    check = sub.add_parser("verify-export", help="verify an export offline (no database)")
+    check.add_argument("export", help="the JSON lines of export-log")
+    check.add_argument("--checkpoints", required=True, help="signed checkpoints file")
+    check.add_argument("--public-key", required=True, help="the log's verifier key(s), one a line")
 
 
 def _filter(args: argparse.Namespace) -> RecordFilter:
@@ -106,7 +137,52 @@ async def _export(store: Database, args: argparse.Namespace, out: TextIO) -> int
     return 0
 
 
+def _verify_export(args: argparse.Namespace, out: TextIO) -> int:
+    keys = read_keys(Path(args.public_key).read_text(encoding="utf-8"))
+    notes = Path(args.checkpoints).read_text(encoding="utf-8")
+    with open(args.export, encoding="utf-8") as fh:
+        report = verify_export(fh, notes, keys)
+    out.write(json.dumps(report, indent=2) + "\n")
+    return 0 if report["ok"] else EXIT_BROKEN
+
+
+def _keygen(args: argparse.Namespace, out: TextIO) -> int:
+    signer = Signer.generate(args.name)
+    path = Path(args.output)
+    with open(path, "x", encoding="ascii") as fh:  # never overwrite a key
+        path.chmod(0o600)
+        fh.write(signer.skey + "\n")
+    path.with_suffix(".pub").write_text(signer.verifier.vkey + "\n", encoding="ascii")
+    out.write(signer.verifier.vkey + "\n")
+    return 0
+
+
+async def _log_command(store: Database, args: argparse.Namespace, out: TextIO) -> int:
+    if args.command == "checkpoint":
+        done = await AuditLog(store, load_signer(args.signing_key)).checkpoint()
+        out.write(json.dumps(None if done is None else {"id": done.id, "size": done.size}) + "\n")
+        return 0
+    log = AuditLog(store)
+    sink = open(args.output, "w", encoding="utf-8") if args.output else out  # noqa: SIM115
+    try:
+        if args.command == "checkpoints":
+            notes = await log.cosigned_notes()
+            sink.write(notes)
+            return 0
+        lines = export_tenant(log, args.tenant) if args.tenant else export_log(log)
+        async for line in lines:
+            sink.write(line)
+        return 0
+    finally:
+        if sink is not out:
+            sink.close()
+
+
 async def run(args: argparse.Namespace, out: TextIO) -> int:
+    if args.command == "verify-export":
+        return _verify_export(args, out)
+    if args.command == "keygen":
+        return _keygen(args, out)
     if args.command == "upgrade":
         await upgrade_to_head_async(args.database_url)
         print("database at head", file=sys.stderr)
@@ -130,6 +206,8 @@ async def run(args: argparse.Namespace, out: TextIO) -> int:
             done = await store.purge_expired(args.actor, args.now, record_empty=True)
             out.write(json.dumps({"purged": done.purged, "events": list(done.events)}) + "\n")
             return 0
+        if args.command in ("checkpoint", "export-log", "checkpoints"):
+            return await _log_command(store, args, out)
     finally:
         await store.close()
     raise AssertionError(args.command)

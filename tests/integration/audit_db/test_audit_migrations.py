@@ -21,9 +21,15 @@ ROOT = Path(__file__).resolve().parents[3]
 TABLES = {
     "audit_records", "audit_payloads", "admin_events", "audit_admissions", "tenants", "api_keys",
     "acceptance_stats", "model_versions", "rollouts", "policy_documents", "principals",
-    "rollout_samples",
+    "rollout_samples", "audit_log_leaves", "audit_log_nodes", "audit_checkpoints",
+    "audit_cosignatures", "audit_signing_keys",
 }  # fmt: skip
-CHAINED = ("audit_records", "admin_events", "audit_admissions")
+CHAINED = (
+    "audit_records", "admin_events", "audit_admissions",
+    # revision 0006: the verifiable log's tables
+    "audit_log_leaves", "audit_log_nodes", "audit_checkpoints", "audit_cosignatures",
+    "audit_signing_keys",
+)  # fmt: skip
 """The append-only tables (triggers refuse UPDATE, DELETE, TRUNCATE)."""
 
 
@@ -80,4 +86,4 @@ def test_alembic_cli_reads_url_from_x_argument(tmp_path: Path) -> None:
         [*alembic, "upgrade", "head"], check=True, env=env, cwd=ROOT, capture_output=True
     )
     out = subprocess.run([*alembic, "current"], check=True, env=env, cwd=ROOT, capture_output=True)
-    assert b"0005_admission_records (head)" in out.stdout
+    assert b"0006_audit_log (head)" in out.stdout

@@ -1,0 +1,355 @@
+"""The verifiable log over the audit chains: sequencing, signed checkpoints and proofs.
+
+One log per database, whichever replica writes: :meth:`AuditLog.checkpoint` runs in one
+write transaction under the log's lock (PostgreSQL: an advisory lock; SQLite: the database's
+write lock) and
+
+1. registers the signing key if it is new (a rotation is an admin event,
+   ``audit.signing_key_rotated``, in the same transaction and so in this checkpoint);
+2. *sequences*: the rows the three chains gained since the last run become the next leaves
+   (admissions, then records, then events, each in id order), each row's stored hash and
+   link checked first (a row that no longer matches its hash stops the log: it is never
+   signed over);
+3. stores every perfect subtree the new leaves complete (merkle.py);
+4. proves the new tree consistent with the last signed checkpoint (from the stored nodes,
+   checked against the last checkpoint's signed root) and only then signs a checkpoint
+   (note.py) and stores it.
+
+Appends themselves are unchanged: the log costs the request path nothing; a record is in a
+signed checkpoint at most one checkpoint interval after it is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, text, tuple_
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.database.audit import merkle
+from gateway.database.audit.chain import GENESIS, link
+from gateway.database.audit.leaves import KIND_FIELDS, leaf_of
+from gateway.database.audit.log_tables import (
+    CHECKPOINTS,
+    COSIGNATURES,
+    LEAVES,
+    NODES,
+    SIGNING_KEYS,
+)
+from gateway.database.audit.note import Checkpoint, SignedNote, Signer, b64
+from gateway.database.audit.queries import to_json_ready
+from gateway.database.audit.types import AdminEvent, AuditUnavailable
+from gateway.database.base import utcnow
+from gateway.database.store import Database
+from gateway.database.tables import ADMISSIONS, EVENTS, RECORDS
+
+LOG_LOCK = 0x61756469745F6C  # "audit_l": one sequencer and signer at a time
+KIND_TABLES = {"admission": ADMISSIONS, "record": RECORDS, "event": EVENTS}
+SEQUENCE_BATCH = 20_000
+"""Rows one checkpoint transaction sequences at most (the next run takes the rest)."""
+KEY_ACTOR = "gateway:checkpoints"
+ROTATED = "audit.signing_key_rotated"
+ADDED = "audit.signing_key_added"
+
+
+class LogBroken(AuditUnavailable):
+    """A chain row no longer matches its hash or link, or the stored tree no longer
+    extends the last signed checkpoint: nothing is signed until an operator looks."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Signed:
+    """What one checkpoint run did."""
+
+    id: int
+    size: int
+    root: bytes
+    note: str
+    appended: int
+    """Leaves this run sequenced."""
+
+
+def node_source(conn: Connection) -> merkle.NodeSource:
+    """Perfect nodes read from ``audit_log_nodes`` (one query a proof)."""
+
+    def fetch(wanted: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
+        if not wanted:
+            return {}
+        cols = tuple_(NODES.c.level, NODES.c.idx)
+        rows = conn.execute(select(NODES).where(cols.in_(list(wanted)))).all()
+        got = {(int(r.level), int(r.idx)): bytes(r.hash) for r in rows}
+        missing = [n for n in wanted if n not in got]
+        if missing:
+            raise merkle.ProofError(f"tree nodes missing from the store: {missing[:3]}")
+        return got
+
+    return fetch
+
+
+def log_size(conn: Connection) -> int:
+    top = conn.execute(select(func.max(LEAVES.c.idx))).scalar()
+    return 0 if top is None else int(top) + 1
+
+
+def append_leaves(conn: Connection, size: int, leaves: list[tuple[str, int, bytes]]) -> int:
+    """Store ``leaves`` (kind, source id, leaf hash) after the ``size`` already there, with
+    every perfect node they complete; returns the new size."""
+    if not leaves:
+        return size
+    frontier = node_source(conn)(merkle.frontier_nodes(size))
+    nodes = merkle.new_nodes(size, [h for _, _, h in leaves], frontier)
+    rows = [{"idx": size + i, "kind": k, "source_id": s} for i, (k, s, _) in enumerate(leaves)]
+    conn.execute(insert(LEAVES), rows)
+    conn.execute(insert(NODES), [{"level": lv, "idx": ix, "hash": h} for (lv, ix), h in nodes])
+    return size + len(leaves)
+
+
+def _sequenced(conn: Connection) -> dict[str, int]:
+    """The last row id of each chain that is in the log."""
+    stmt = select(LEAVES.c.kind, func.max(LEAVES.c.source_id)).group_by(LEAVES.c.kind)
+    return {str(k): int(v) for k, v in conn.execute(stmt).all()}
+
+
+def _new_rows(conn: Connection, limit: int) -> list[tuple[str, int, bytes]]:
+    """The chains' rows not yet in the log (at most ``limit``), checked and hashed."""
+    last = _sequenced(conn)
+    out: list[tuple[str, int, bytes]] = []
+    for kind, table in KIND_TABLES.items():
+        if len(out) >= limit:
+            break
+        after = int(last.get(kind) or 0)
+        prev = GENESIS
+        if after:
+            prev = conn.execute(select(table.c.record_hash).where(table.c.id == after)).scalar_one()
+        stmt = select(table).where(table.c.id > after).order_by(table.c.id)
+        for row in conn.execute(stmt.limit(limit - len(out))).mappings():
+            fields = KIND_FIELDS[kind]
+            if row["prev_hash"] != prev or row["record_hash"] != link(row, fields, prev):
+                raise LogBroken(
+                    f"{table.name} row {row['id']} no longer matches its hash chain: "
+                    "not sequenced, no checkpoint signed (run verify)"
+                )
+            prev = row["record_hash"]
+            out.append((kind, int(row["id"]), leaf_of(kind, dict(row))))
+    return out
+
+
+def _latest(conn: Connection) -> Any:
+    return conn.execute(select(CHECKPOINTS).order_by(CHECKPOINTS.c.id.desc()).limit(1)).first()
+
+
+def _sign(conn: Connection, signer: Signer, now: datetime, limit: int) -> Signed | None:
+    size = log_size(conn)
+    leaves = _new_rows(conn, limit)
+    new_size = append_leaves(conn, size, leaves)
+    last = _latest(conn)
+    old_size = 0 if last is None else int(last.tree_size)
+    if new_size == old_size and last is not None:
+        return None
+    if new_size == 0:
+        return None
+    source = node_source(conn)
+    root = merkle.root(new_size, source)
+    if last is not None:
+        old_root = bytes.fromhex(last.root_hash)
+        try:
+            proof = merkle.consistency_proof(old_size, new_size, source)
+            merkle.verify_consistency(old_size, new_size, old_root, root, proof)
+        except merkle.ProofError as exc:
+            raise LogBroken(f"the stored tree does not extend checkpoint {last.id}: {exc}") from exc
+    body = Checkpoint(signer.name, new_size, root, now).text
+    note = body + "\n" + signer.sign_line(body)
+    row = {
+        "tree_size": new_size, "root_hash": root.hex(), "key_id": signer.verifier.id.hex(),
+        "note": note, "created_at": now,
+    }  # fmt: skip
+    cid = conn.execute(insert(CHECKPOINTS).returning(CHECKPOINTS.c.id), row).scalar_one()
+    return Signed(int(cid), new_size, root, note, len(leaves))
+
+
+class AuditLog:
+    """The log of one database; ``signer`` (the log's key, its name the origin) is needed
+    to sign checkpoints only: reading proofs and checkpoints takes none."""
+
+    def __init__(self, store: Database, signer: Signer | None = None) -> None:
+        self.store = store
+        self.signer = signer
+
+    # -- signing -----------------------------------------------------------------------
+
+    async def checkpoint(
+        self, now: datetime | None = None, *, limit: int = SEQUENCE_BATCH
+    ) -> Signed | None:
+        """Sequence what the chains gained and sign a checkpoint over it; None when there
+        was nothing new. LogBroken when a row or the tree no longer matches, AuditUnavailable
+        when the database refuses."""
+        signer = self.signer
+        if signer is None:
+            raise ValueError("this log has no signing key")
+        stamp = (now or utcnow()).replace(microsecond=0)
+        try:
+            async with self.store._write() as conn:
+                if not self.store.is_sqlite:
+                    await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOG_LOCK})
+                await self._register_key(conn, signer, stamp)
+                return await conn.run_sync(lambda c: _sign(c, signer, stamp, limit))
+        except SQLAlchemyError as exc:
+            raise AuditUnavailable(f"checkpoint failed: {exc}") from exc
+
+    async def _register_key(self, conn: Any, signer: Signer, now: datetime) -> None:
+        vkey = signer.verifier.vkey
+        stmt = select(SIGNING_KEYS.c.vkey).order_by(SIGNING_KEYS.c.added_at.desc())
+        known = [r[0] for r in (await conn.execute(stmt)).all()]
+        if vkey in known:
+            return
+        key_id = signer.verifier.id.hex()
+        await conn.execute(insert(SIGNING_KEYS), {"vkey": vkey, "key_id": key_id, "added_at": now})
+        before = {"vkey": known[0]} if known else None
+        event = AdminEvent(
+            KEY_ACTOR, ROTATED if known else ADDED, "audit_signing_keys", before,
+            {"vkey": vkey, "key_id": key_id}, now,
+        )  # fmt: skip
+        await self.store._append_event(conn, event)
+
+    async def add_cosignature(self, checkpoint_id: int, witness: str, line: str) -> None:
+        async with self.store._write() as conn:
+            await conn.execute(
+                insert(COSIGNATURES),
+                {"checkpoint_id": checkpoint_id, "witness": witness, "line": line,
+                 "created_at": utcnow()},
+            )  # fmt: skip
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def size(self) -> int:
+        async with self.store._read() as conn:
+            return await conn.run_sync(log_size)
+
+    async def pending(self) -> int:
+        """About how many chain rows are not in the log yet (ids past the last sequenced;
+        a rolled-back id counts too)."""
+
+        def count(conn: Connection) -> int:
+            last = _sequenced(conn)
+            total = 0
+            for kind, table in KIND_TABLES.items():
+                top = conn.execute(select(func.max(table.c.id))).scalar() or 0
+                total += max(0, int(top) - int(last.get(kind) or 0))
+            return total
+
+        async with self.store._read() as conn:
+            return await conn.run_sync(count)
+
+    async def checkpoints(
+        self, limit: int = 100, before: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Checkpoints newest first (``before``: ids below it), each with its witnesses'
+        cosignature lines and ``cosigned``, the note with them appended."""
+        stmt = select(CHECKPOINTS).order_by(CHECKPOINTS.c.id.desc()).limit(max(1, limit))
+        if before is not None:
+            stmt = stmt.where(CHECKPOINTS.c.id < before)
+        async with self.store._read() as conn:
+            rows = [dict(r) for r in (await conn.execute(stmt)).mappings()]
+            ids = [r["id"] for r in rows]
+            cos = (
+                await conn.execute(
+                    select(COSIGNATURES).where(COSIGNATURES.c.checkpoint_id.in_(ids))
+                    .order_by(COSIGNATURES.c.id)
+                )
+            ).mappings().all() if ids else []  # fmt: skip
+        for row in rows:
+            lines = [c for c in cos if c["checkpoint_id"] == row["id"]]
+            row["witnesses"] = [{"witness": c["witness"], "line": c["line"]} for c in lines]
+            row["cosigned"] = row["note"] + "".join(c["line"] for c in lines)
+        return [to_json_ready(r) for r in rows]
+
+    async def latest(self) -> dict[str, Any] | None:
+        rows = await self.checkpoints(1)
+        return rows[0] if rows else None
+
+    async def keys(self) -> list[dict[str, Any]]:
+        """Every signing key, oldest first (verifier key form)."""
+        stmt = select(SIGNING_KEYS).order_by(SIGNING_KEYS.c.added_at)
+        async with self.store._read() as conn:
+            return [to_json_ready(r) for r in (await conn.execute(stmt)).mappings()]
+
+    async def _checkpoint_for(self, conn: Any, tree_size: int | None) -> Any:
+        stmt = select(CHECKPOINTS)
+        if tree_size is None:
+            stmt = stmt.order_by(CHECKPOINTS.c.id.desc()).limit(1)
+        else:
+            stmt = stmt.where(CHECKPOINTS.c.tree_size == tree_size)
+        return (await conn.execute(stmt)).first()
+
+    async def inclusion(
+        self, kind: str, source_id: int, tree_size: int | None = None
+    ) -> dict[str, Any]:
+        """Inclusion proof of chain row ``(kind, source_id)`` against the signed checkpoint
+        of ``tree_size`` (default the latest). LookupError: no such leaf or checkpoint, or
+        the row is not covered by it yet."""
+        async with self.store._read() as conn:
+            cp = await self._checkpoint_for(conn, tree_size)
+            if cp is None:
+                raise LookupError(
+                    "no signed checkpoint" + (f" of size {tree_size}" if tree_size else "")
+                )
+            where = (LEAVES.c.kind == kind, LEAVES.c.source_id == source_id)
+            leaf = (await conn.execute(select(LEAVES.c.idx).where(*where))).scalar()
+            if leaf is None or leaf >= cp.tree_size:
+                raise LookupError(
+                    f"{kind} {source_id} is not in the log at size {cp.tree_size} yet"
+                )
+
+            def prove(c: Connection) -> tuple[bytes, list[bytes]]:
+                src = node_source(c)
+                return src([(0, int(leaf))])[(0, int(leaf))], merkle.inclusion_proof(
+                    int(leaf), int(cp.tree_size), src
+                )
+
+            leaf_h, hashes = await conn.run_sync(prove)
+        return {
+            "kind": kind, "source_id": source_id, "leaf_index": int(leaf),
+            "leaf_hash": b64(leaf_h), "tree_size": int(cp.tree_size),
+            "hashes": [b64(h) for h in hashes], "checkpoint": cp.note,
+        }  # fmt: skip
+
+    async def consistency(self, first: int, second: int | None = None) -> dict[str, Any]:
+        """Consistency proof between the signed checkpoints of sizes ``first`` and
+        ``second`` (default the latest). LookupError when either was never signed."""
+        async with self.store._read() as conn:
+            old = await self._checkpoint_for(conn, first)
+            new = await self._checkpoint_for(conn, second)
+            if old is None or new is None:
+                raise LookupError("no signed checkpoint of that size")
+            if old.tree_size > new.tree_size:
+                raise LookupError("first must not be larger than second")
+            sizes = int(old.tree_size), int(new.tree_size)
+            hashes = await conn.run_sync(lambda c: merkle.consistency_proof(*sizes, node_source(c)))
+        return {
+            "first": int(old.tree_size), "second": int(new.tree_size),
+            "hashes": [b64(h) for h in hashes],
+            "first_checkpoint": old.note, "second_checkpoint": new.note,
+        }  # fmt: skip
+
+    async def proof_between(self, first: int, second: int) -> list[bytes]:
+        """Consistency proof between any two sizes of the stored tree (a witness asks from
+        the size it holds, which may be no checkpoint this database kept)."""
+        async with self.store._read() as conn:
+            return await conn.run_sync(
+                lambda c: merkle.consistency_proof(first, second, node_source(c))
+            )
+
+    async def cosigned_notes(self) -> str:
+        """Every checkpoint, oldest first, with its cosignatures: a checkpoints file."""
+        out, before = [], None
+        while True:
+            page = await self.checkpoints(1000, before)
+            out.extend(page)
+            if len(page) < 1000:
+                break
+            before = page[-1]["id"]
+        return "\n".join(str(SignedNote.parse(r["cosigned"])) for r in reversed(out))
