@@ -53,9 +53,11 @@ class Report:
     proofs_verified: int = 0
     """Inclusion proofs that verified (tenant export)."""
 
-    def problem(self, text: str) -> None:
+    def problem(self, text: str, at: int | None = None) -> None:
+        """Add a problem (``at``: before those found since that position: the cause
+        before its consequences)."""
         if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(text)
+            self.problems.insert(len(self.problems) if at is None else at, text)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -106,6 +108,9 @@ class _Walk:
         self.tree = merkle.MemoryTree()
         self.heads: dict[str, tuple[str, int | None]] = {k: (GENESIS, None) for k in KIND_FIELDS}
         self.last_good = 0
+        self.expected = 0
+        self.gap: tuple[int, int, str] | None = None
+        self.gap_at = 0
 
     def line(self, n: int, obj: dict[str, Any]) -> None:
         kind, row, leaf = obj.get("kind"), obj.get("row"), obj.get("leaf")
@@ -122,13 +127,7 @@ class _Walk:
         if "proof" in obj:
             self._proof(where, kind, row, leaf, obj["proof"])
             return
-        expected = self.tree.size
-        if leaf > expected:
-            self.report.problem(
-                f"missing: leaves {expected}..{leaf - 1} are not in the export (before {where})"
-            )
-        elif leaf < expected:
-            self.report.problem(f"out of order: {where} comes after leaf {expected - 1}")
+        self._order(leaf, where)
         prev, prev_id = self.heads[kind]
         if row["prev_hash"] != prev:
             after = "the chain's start" if prev_id is None else f"{kind} id {prev_id}"
@@ -139,6 +138,29 @@ class _Walk:
         self.heads[kind] = (row["record_hash"], row.get("id"))
         self.tree.append(leaf_of(kind, row))
         self._at_checkpoint()
+
+    def _order(self, leaf: int, where: str) -> None:
+        """Leaf numbers must run 0, 1, 2...; a jump is a deletion unless the skipped leaf
+        turns up next (a reordering)."""
+        gap, self.gap = self.gap, None
+        if gap is not None:
+            if gap[0] <= leaf <= gap[1]:
+                text = f"out of order: {where} comes after leaf {gap[1] + 1}"
+                self.report.problem(text, self.gap_at)
+                return
+            self._missing(gap)
+        if leaf > self.expected:
+            self.gap = (self.expected, leaf - 1, where)
+            self.gap_at = len(self.report.problems)
+        elif leaf < self.expected:
+            self.report.problem(f"out of order: {where} comes after leaf {self.expected - 1}")
+        self.expected = max(self.expected, leaf + 1)
+
+    def _missing(self, gap: tuple[int, int, str]) -> None:
+        first, last, before = gap
+        self.report.problem(
+            f"missing: leaves {first}..{last} are not in the export (before {before})", self.gap_at
+        )
 
     def _at_checkpoint(self) -> None:
         size = self.tree.size
@@ -175,6 +197,8 @@ class _Walk:
         self.report.proofs_verified += 1
 
     def finish(self, whole: bool) -> None:
+        if self.gap is not None:
+            self._missing(self.gap)
         if not whole:
             return
         beyond = sorted(s for s in self.signed if s > self.tree.size)
