@@ -12,6 +12,7 @@ from gateway.engine.errors import (
     GrammarDeadEnd,
     InvalidRequest,
     PromptTooLong,
+    UnsupportedModel,
     VocabularyMismatch,
 )
 from gateway.engine.kpolicy import KPrior
@@ -55,6 +56,7 @@ __all__ = [
     "StepCost",
     "TokenLogprob",
     "TokenSequencesGrammar",
+    "UnsupportedModel",
     "VocabularyMismatch",
     "check_pair",
     "crop_cache",

@@ -36,3 +36,7 @@ class VocabularyMismatch(EngineError):
 
 class GrammarDeadEnd(EngineError):
     """The grammar allows no token (not even EOS) at some position."""
+
+
+class UnsupportedModel(EngineError):
+    """A model this engine cannot serve exactly; refused at load, with the reason."""

@@ -15,6 +15,7 @@ from gateway.engine.compiled import CompiledForwards
 from gateway.engine.cpu_linear import use_weight_major_linear, weight_major_pays
 from gateway.engine.draft_head import DraftHead, build_head, read_draft_vocab
 from gateway.engine.errors import VocabularyMismatch
+from gateway.engine.families import check_servable
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,11 @@ def wrap_model(
     products its steps will run: with `compiled` (its steps are to be compiled,
     engine/compiled.py), those of the compiled step, whose projections are joined (the
     verdict can differ between the model's own products and the joined ones, and the
-    joined ones are what a compiled step runs)."""
+    joined ones are what a compiled step runs). Raises UnsupportedModel for a model the
+    engine cannot serve exactly (families.py)."""
     model.eval()
     kwarg = cache_kwarg(model)
+    check_servable(model, kwarg)  # raises UnsupportedModel, with the reason
     decoder = unchecked_decoder(model) if lean else None
     if cpu_linear is None:
         served = decoder.compiled_linears() if compiled and decoder is not None else None

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.engine import Engine, LoadedModel, check_pair, load_model, precompile
+from gateway.engine import (
+    Engine,
+    LoadedModel,
+    UnsupportedModel,
+    check_pair,
+    load_model,
+    precompile,
+)
 from gateway.engine.batch.slots import PREFILL_CHUNK
 from gateway.engine.compiled import Later, compiled_model, stored
 from gateway.serving.errors import GatewayError
@@ -199,11 +206,19 @@ class ModelPool:
 
     def _load(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
         """The entry's model as the pool loads it (on the inference thread): a target
-        without its drafting head (draft_vocab False), a draft with it."""
-        return load_model(
-            str(entry.path), self.device, self.dtype, draft_vocab, self.cpu_linear,
-            compiled=self.compile_mode != "off",
-        )  # fmt: skip
+        without its drafting head (draft_vocab False), a draft with it. A model the engine
+        cannot serve exactly answers 503 model_unsupported, with the reason."""
+        try:
+            return load_model(
+                str(entry.path), self.device, self.dtype, draft_vocab, self.cpu_linear,
+                compiled=self.compile_mode != "off",
+            )  # fmt: skip
+        except UnsupportedModel as exc:
+            log.error("%s v%s refused: %s", entry.name, entry.version, exc)
+            raise GatewayError(
+                "unavailable", f"{entry.name} v{entry.version} cannot be served: {exc}",
+                code="model_unsupported",
+            ) from exc  # fmt: skip
 
     # -- targets -----------------------------------------------------------------------
 

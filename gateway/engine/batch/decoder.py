@@ -19,8 +19,8 @@ keeps its last two positions: a BLAS product of one row rounds otherwise than th
 inside a larger product, and the full forward multiplies the whole chunk.
 
 Which models: the families whose decoder layers have this shape and were checked token for
-token in tests/unit/engine/test_decoder.py (Llama, Mistral, Qwen2). Any other model keeps
-the transformers forward.
+token in tests/unit/engine/test_decoder.py (Llama, Mistral, Qwen2), when every layer attends
+alike (one mask serves them all). Any other model keeps the transformers forward.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from gateway.engine.batch.masks import FULL, SLIDING, attention_layout
 
 log = logging.getLogger("gateway.engine.decoder")
 
@@ -330,6 +332,9 @@ def unchecked_decoder(model: Any) -> LeanDecoder | None:
     kind = getattr(model.config, "model_type", None)
     if kind not in FAMILIES:
         log.info("%s: transformers forward (lean decoder not checked for this family)", kind)
+        return None
+    if attention_layout(model.config).uniform not in (FULL, SLIDING):
+        log.info("%s: transformers forward (its layers attend in several ways)", kind)
         return None
     try:
         return LeanDecoder(model)

@@ -2,10 +2,10 @@
 
 Row r feeds tokens t_r,0..t_r,n-1 at positions length[r]..length[r]+n-1 (its committed
 length onward). Rows are right-padded to the longest; position ids are each row's own; the
-mask lets query j of row r see exactly positions 0..length[r]+j of its own slot (sliding
-window models also hide positions older than the window). A padded query sees the row's
-committed positions only (its output is dropped). After the forward the caller commits
-what it keeps by setting `cache.length[slot]`; nothing is copied or cropped.
+mask lets query j of row r see exactly positions 0..length[r]+j of its own slot (a sliding
+or chunked layer sees fewer: masks.py builds one mask per kind of layer). A padded query
+sees the row's committed positions only (its output is dropped). After the forward the
+caller commits what it keeps by setting `cache.length[slot]`; nothing is copied or cropped.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gateway.engine.batch.decoder import kept_rows
+from gateway.engine.batch.masks import AttentionLayout, attention_layout, layer_masks, visible
 from gateway.engine.batch.slots import SlotCache
 
 if TYPE_CHECKING:
@@ -90,14 +91,17 @@ def batched_forward(
         if every:  # every position came back: each row's last
             return [out[where[r], n - 1 : n] for r, n in enumerate(lengths)]
         return [out[where[r], : 1 if keep_last else n] for r, n in enumerate(lengths)]
-    window, dtype = model_facts(model)
+    layout, dtype = model_layout(model)
     empty = any(st == 0 and n < t for st, n in zip(starts, lengths, strict=True))
     packed = _ints(row_layout(tokens, starts, t)).view(4, b, t)
     ids, position_ids, positions, last_seen = packed[0], packed[1], packed[2], packed[3]
-    # One row feeding one token sees its whole slot: no mask needed (the fast SDPA path).
-    mask = None
-    if b > 1 or t > 1 or window is not None:
-        mask = _mask(last_seen, span, window, dtype, empty)
+    # One row feeding one token, every layer attending in full, sees its whole slot: no
+    # mask needed (the fast SDPA path).
+    mask: torch.Tensor | dict[str, torch.Tensor] | None = None
+    if b > 1 or t > 1 or not layout.all_full:
+        zero, low = _fill(dtype)
+        masks = layer_masks(layout, last_seen, span_keys(span, _CPU), empty, zero, low)
+        mask = _to(masks, device)
     if b == 1:
         cache.step_single = (slots[0], starts[0])
     else:
@@ -110,19 +114,20 @@ def batched_forward(
     hidden = backbone or head is not None
     if decoder is not None:
         keep = [n - 1 for n in lengths] if keep_last else None
+        assert not isinstance(mask, dict)  # a lean decoder serves uniform layouts only
         out = decoder(
             ids.to(device),
-            None if mask is None else mask.to(device),
+            mask,
             position_ids.to(device),
             cache,
             keep=keep,
             backbone=hidden,
         )  # fmt: skip  (B, T or 1, H or V)
     else:
-        forward = model.base_model if hidden else model
+        forward = backbone_of(model) if hidden else model
         res = forward(
             input_ids=ids.to(device),
-            attention_mask=None if mask is None else mask.to(device),
+            attention_mask=mask,
             position_ids=position_ids.to(device),
             use_cache=True,
             **{kwarg: cache},
@@ -133,6 +138,13 @@ def batched_forward(
     if head is not None:
         out = head(out)  # (B, T or 1, V)
     return [out[r, : 1 if keep_last else n] for r, n in enumerate(lengths)]
+
+
+def backbone_of(model: Any) -> Any:
+    """The model without its output head: its base model, or, for a family whose base
+    model prefix names no submodule (Llama 4's text model), its `model`."""
+    inner = model.base_model
+    return model.model if inner is model else inner
 
 
 def row_layout(tokens: list[list[int]], starts: list[int], width: int) -> list[list[int]]:
@@ -213,42 +225,19 @@ def step_layout(
     return grid
 
 
-def visible(
-    last_seen: torch.Tensor, keys: torch.Tensor, window: int | None, empty: bool
-) -> torch.Tensor:
-    """(B, 1, T, S) bool: query j of row r sees keys 0..last_seen[r, j] of its own slot
-    (inside the sliding window); `keys` is arange(S). `empty`: a query that sees no
-    committed key (last_seen < 0, a padded query of an empty row) sees key 0: no NaN."""
-    seen = last_seen[:, None, :, None]  # (B, 1, T, 1)
-    sees = keys <= seen  # (B, 1, T, S)
-    if window is not None:
-        sees &= keys > seen - window
-    if empty:
-        sees |= (seen < 0) & (keys == 0)
-    return sees
-
-
-def _mask(
-    last_seen: torch.Tensor, span: int, window: int | None, dtype: torch.dtype, empty: bool
-) -> torch.Tensor:
-    """(B, 1, T, S) additive (`visible`): 0 where a query sees, the dtype's minimum where
-    it does not."""
-    zero, low = _fill(dtype)
-    return torch.where(visible(last_seen, span_keys(span, _CPU), window, empty), zero, low)
-
-
 def step_mask(
     last_seen: torch.Tensor, keys: torch.Tensor, window: int | None, dtype: torch.dtype
 ) -> torch.Tensor:
-    """`_mask` as a compiled step builds it inside its graph (no kept tensors; a query that
-    sees no committed key sees key 0, which changes nothing for the others)."""
+    """A uniform layout's mask as a compiled step builds it inside its graph (no kept
+    tensors; a query that sees no committed key sees key 0, which changes nothing for the
+    others)."""
     zero = torch.zeros((), dtype=dtype, device=last_seen.device)
     low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=last_seen.device)
     return torch.where(visible(last_seen, keys, window, empty=True), zero, low)
 
 
 _KEYS: dict[torch.device, torch.Tensor] = {}
-_CPU = torch.device("cpu")  # where `_mask` is built
+_CPU = torch.device("cpu")  # where an eager step's masks are built
 _FILLS: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -284,27 +273,39 @@ def _fill(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return fill
 
 
-_FACTS: weakref.WeakKeyDictionary[Any, tuple[int | None, torch.dtype]] = weakref.WeakKeyDictionary()
+def _to(
+    masks: torch.Tensor | dict[str, torch.Tensor], device: torch.device
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    if isinstance(masks, dict):
+        return {kind: m.to(device) for kind, m in masks.items()}
+    return masks.to(device)
 
 
-def model_facts(model: Any) -> tuple[int | None, torch.dtype]:
-    """A model's sliding window and float dtype, read once (a model's `dtype` walks its
-    parameters, ~10 us a call)."""
+_FACTS: weakref.WeakKeyDictionary[Any, tuple[AttentionLayout, torch.dtype]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def model_layout(model: Any) -> tuple[AttentionLayout, torch.dtype]:
+    """A model's attention layout (masks.py) and float dtype, read once (a model's `dtype`
+    walks its parameters, ~10 us a call)."""
     try:
         facts = _FACTS.get(model)
         if facts is None:
-            facts = _FACTS[model] = (_sliding_window(model), _float_dtype(model))
+            facts = _FACTS[model] = (attention_layout(model.config), _float_dtype(model))
     except TypeError:  # not weakly referenceable: read every time
-        facts = (_sliding_window(model), _float_dtype(model))
+        facts = (attention_layout(model.config), _float_dtype(model))
     return facts
 
 
-def _sliding_window(model: Any) -> int | None:
-    cfg = getattr(model, "config", None)
-    window = getattr(cfg, "sliding_window", None)
-    if window is None or getattr(cfg, "use_sliding_window", True) is False:
-        return None
-    return int(window)
+def model_facts(model: Any) -> tuple[int | None, torch.dtype]:
+    """A model whose layers all attend alike: its sliding window (None: full attention)
+    and float dtype. Raises ValueError for a model whose layers differ, or attend in
+    chunks (one mask cannot serve it)."""
+    layout, dtype = model_layout(model)
+    if layout.uniform not in ("full_attention", "sliding_attention"):
+        raise ValueError("the layers attend in several ways: no one mask serves them")
+    return layout.uniform_window, dtype
 
 
 def _float_dtype(model: Any) -> torch.dtype:
