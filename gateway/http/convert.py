@@ -162,7 +162,9 @@ def _common(
     decoding = None
     if body.decoding is not None:
         d = body.decoding
-        decoding = DecodingOverride(mode=d.mode, proposer=d.proposer, k=d.k)
+        decoding = DecodingOverride(
+            mode=d.mode, proposer=d.proposer, k=d.k, open_objects=d.open_objects
+        )
     response_format = None
     if body.response_format is not None and body.response_format.type != "text":
         rf = body.response_format

@@ -182,6 +182,15 @@ class Decoding(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     mode: Literal["auto", "speculative", "standard"] = "auto"
     proposer: Literal["draft", "prompt_lookup", "prediction"] | None = None
     k: Annotated[int, Meta(ge=1, le=MAX_K, description="Draft tokens per step.")] | None = None
+    open_objects: Annotated[
+        bool,
+        Meta(
+            description="true: an object schema (response_format, tool parameters) that does "
+            "not set additionalProperties lets the model add keys it does not name, as the "
+            "letter of JSON Schema allows. Default false: only the named properties are "
+            "generated, which is what framework-generated schemas mean."
+        ),
+    ] = False
 
 
 class _Common(msgspec.Struct, **STRICT):

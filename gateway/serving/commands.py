@@ -58,6 +58,9 @@ class DecodingOverride:
     mode: Literal["auto", "speculative", "standard"] = "auto"
     proposer: Literal["draft", "prompt_lookup", "prediction"] | None = None
     k: int | None = None
+    open_objects: bool = False
+    """Objects a schema does not close may carry unnamed keys (the letter of JSON Schema);
+    by default only the named properties are generated (constraints/objects.py)."""
 
 
 @dataclass(frozen=True)

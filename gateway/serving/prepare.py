@@ -24,7 +24,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from gateway.engine import Engine, Grammar
@@ -33,6 +33,7 @@ from gateway.engine.constraints.json_schema import (
     ConstraintError,
     compile_json_grammar,
 )
+from gateway.engine.constraints.objects import named_properties_only
 from gateway.engine.constraints.tool_calls import (
     ToolError,
     ToolMode,
@@ -306,6 +307,7 @@ async def _grammar(
     """response_format or tools -> a fresh per-request grammar (compiled grammars are cached
     per schema hash); a bad schema or an unenforceable keyword is a 400 naming it. Compiling
     uses no torch, so it runs in a helper thread, off the inference thread."""
+    named = cmd.decoding is None or not cmd.decoding.open_objects
     if cmd.tools is not None:
         t = cmd.tools
         mode: ToolMode = "auto" if t.choice == "auto" else "required"
@@ -315,8 +317,12 @@ async def _grammar(
             await asyncio.to_thread(check_tools, t.specs)
             if not t.callable:
                 return None, None
+            specs = t.callable
+            if named:
+                specs = tuple(replace(s, parameters=named_properties_only(s.parameters))
+                              for s in specs)  # fmt: skip
             compiled = await asyncio.to_thread(
-                compile_tool_grammar, engine.tokenizer, t.callable, mode, parallel,
+                compile_tool_grammar, engine.tokenizer, specs, mode, parallel,
                 engine.target.vocab_size,
             )  # fmt: skip
         except ToolError as exc:
@@ -328,6 +334,8 @@ async def _grammar(
         return None, None
     schema = rf["json_schema"]["schema"] if rf["type"] == "json_schema" else None
     try:
+        if schema is not None and named:
+            schema = named_properties_only(schema)
         compiled = await asyncio.to_thread(
             compile_json_grammar, engine.tokenizer, schema, engine.target.vocab_size
         )
