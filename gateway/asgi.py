@@ -11,7 +11,7 @@ from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
 from opentelemetry.sdk.trace import TracerProvider
 
-from gateway.http import admin, audit, console, contract, openai, ops, strict
+from gateway.http import admin, audit, audit_log, console, contract, openai, ops, strict
 from gateway.http.errors import EXCEPTION_HANDLERS
 from gateway.http.live import LiveSeries
 from gateway.http.logging import configure, log_request
@@ -46,7 +46,7 @@ def create_app(
             if owned:
                 tracing.shutdown()
 
-    routes = [*openai.ROUTES, *admin.ROUTES, *audit.ROUTES, *ops.ROUTES]
+    routes = [*openai.ROUTES, *admin.ROUTES, *audit.ROUTES, *audit_log.ROUTES, *ops.ROUTES]
     app = Litestar(
         route_handlers=routes + (console.ROUTES if settings.console else []),
         plugins=http_tracing(provider),

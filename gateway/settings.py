@@ -143,6 +143,46 @@ class Settings:
     past their tenant's ``payload_retention_days`` and records each deletion as an admin
     event (``audit.payloads_purged``); the first run is a few seconds after start. 0: never
     (run ``python -m gateway.database purge`` from a scheduler of your own instead)."""
+    audit_checkpoint_interval_s: int = 60
+    """Longest wait, in seconds, between a chain row being written and a signed checkpoint
+    covering it: each replica's checkpoint job sequences the new rows of the audit chains
+    into the Merkle log and signs a checkpoint (docs/audit.md, "The verifiable log"); one
+    replica signs at a time, so replicas make one log. 0: no job (sign with ``python -m
+    gateway.database checkpoint`` from a scheduler of your own)."""
+    audit_checkpoint_records: int = 1000
+    """Sign sooner, as soon as this many chain rows wait for a checkpoint (the job looks
+    every 2 seconds)."""
+    audit_signing_key: str | None = None
+    """The log's Ed25519 signing key: its text (``PRIVATE+KEY+<origin>+...``, as a secrets
+    manager or KMS-backed secret injects it) or the path of a file holding it (``python -m
+    gateway.database keygen``). Its name is the log's origin. Unset: generated on first
+    start in ``{var_dir}/audit-log.key``, its public key in ``audit-log.pub`` (give that to
+    auditors). A new key is registered, and recorded as the admin event
+    ``audit.signing_key_rotated``, with the first checkpoint it signs; every replica must
+    hold the same key."""
+    audit_log_origin: str = "gateway.local/audit"
+    """The origin (log name) of a key generated on first start; a given key's own name
+    wins."""
+    audit_checkpoint_file: str | None = None
+    """Append-only file every checkpoint this replica signs is appended to (signed notes,
+    blank-line separated: the ``--checkpoints`` file of ``verify-export``). Put it where the
+    database's operator cannot rewrite it (another host's mount, a WORM volume, a file with
+    ``chattr +a``). Unset: ``{var_dir}/audit-checkpoints.txt``; ``off``: none."""
+    audit_witness_url: str | None = None
+    """A witness's ``add-checkpoint`` URL (``https://witness.example/witness/add-checkpoint``,
+    another gateway with ``witness_key`` set, or an auditor's): each checkpoint is sent
+    there, and its cosignature stored beside the checkpoint. Unset: no witness."""
+    audit_witness_vkey: str | None = None
+    """The witness's verifier key (``<name>+<id>+<key>``): its cosignatures are checked
+    before they are stored. Unset: stored as they come (the verifier checks them anyway)."""
+    witness_key: str | None = None
+    """Run a witness in this gateway (``POST /witness/add-checkpoint``): its cosigning key,
+    as text (``PRIVATE+KEY+<witness name>+...``) or a file path. It cosigns a checkpoint of
+    a log in ``witness_logs`` only when it is consistent with the last one it cosigned,
+    kept in ``{var_dir}/witness-state.json``. Unset: no witness endpoint."""
+    witness_logs: str | None = None
+    """The logs the witness accepts: their verifier keys, comma-separated, or a file of
+    them, one a line."""
     max_body_bytes: int = 10_000_000
     """Largest request body, in bytes (Litestar's ``request_max_body_size``, whose default
     this keeps): a larger one is refused with 413 in OpenAI's error shape before it is

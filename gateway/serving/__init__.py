@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from gateway.database import AuditWriter, Database
+from gateway.database.audit.witness import Witness
 from gateway.database.base import Timeouts
 from gateway.engine import init_torch_thread, keep_verdicts
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
+from gateway.serving.checkpoints import CheckpointJob, make_witness, start_checkpoints
 from gateway.serving.decisions import PolicyService
 from gateway.serving.generation import GenerationService
 from gateway.serving.models import ModelPool
@@ -56,6 +58,10 @@ class Services:
     sync_task: asyncio.Task[None] | None = None
     retention: RetentionJob | None = None
     """The scheduled payload purge (serving/retention.py); None when disabled."""
+    checkpoints: CheckpointJob | None = None
+    """The audit log's checkpoint job (serving/checkpoints.py); None when disabled."""
+    witness: Witness | None = None
+    """The witness this gateway runs for other logs (GATEWAY_WITNESS_KEY); None: none."""
 
     def start_sync(self) -> None:
         self.sync_task = asyncio.get_running_loop().create_task(self._sync_loop())
@@ -96,6 +102,8 @@ class Services:
                 await self.sync_task
         if self.retention is not None:
             await self.retention.stop()
+        if self.checkpoints is not None:
+            await self.checkpoints.stop()
         grace = self.settings.shutdown_grace_s
         await self.recorder.close_open(grace)  # drain, bounded; then end and record the rest
         await asyncio.to_thread(self.worker.stop, grace)
@@ -189,6 +197,14 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     )
     services.start_sync()
     services.retention = start_retention(store, settings.retention_interval_s)
+    services.checkpoints = start_checkpoints(
+        store, interval_s=settings.audit_checkpoint_interval_s,
+        records=settings.audit_checkpoint_records, key=settings.audit_signing_key,
+        origin=settings.audit_log_origin, var_dir=settings.var_dir,
+        file=settings.audit_checkpoint_file, witness_url=settings.audit_witness_url,
+        witness_vkey=settings.audit_witness_vkey,
+    )  # fmt: skip
+    services.witness = make_witness(settings.witness_key, settings.witness_logs, settings.var_dir)
     return services
 
 
