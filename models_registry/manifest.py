@@ -26,6 +26,10 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _REQUIRED = ("name", "version", "role", "path", "sha256")
 _OPTIONAL_STR = ("architecture", "tokenizer", "dtype", "trained_on", "target")
 _OPTIONAL_INT = ("parameters", "layers", "hidden")
+TOOL_FORMATS: tuple[str, ...] = ("hermes", "llama3_json", "mistral", "granite", "pythonic")
+"""The tool-call syntaxes a target may be declared to speak (``tool_format``; the engine's
+gateway/engine/constraints/tool_formats.py defines them). Unset: read off the chat template."""
+_OPTIONAL_CHOICE: dict[str, tuple[str, ...]] = {"tool_format": TOOL_FORMATS}
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class ModelEntry:
     hidden: int | None = None
     dtype: str | None = None
     trained_on: str | None = None
+    tool_format: str | None = None
+    """The model's tool-call syntax (one of TOOL_FORMATS); None: read off its chat template."""
 
     @property
     def key(self) -> str:
@@ -66,7 +72,7 @@ class ModelEntry:
             "path": str(path),
             "sha256": self.sha256,
         }
-        for key in (*_OPTIONAL_STR, *_OPTIONAL_INT):
+        for key in (*_OPTIONAL_STR, *_OPTIONAL_INT, *_OPTIONAL_CHOICE):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -128,7 +134,7 @@ def _entry_from_dict(raw: object, root: Path, index: int) -> ModelEntry:
     if not isinstance(raw, Mapping):
         raise ManifestError(f"{where}: expected a mapping, got {type(raw).__name__}")
     where = f"models[{index}] ({raw.get('name', '?')}@{raw.get('version', '?')})"
-    unknown = sorted(set(raw) - {*_REQUIRED, *_OPTIONAL_STR, *_OPTIONAL_INT})
+    unknown = sorted(set(raw) - {*_REQUIRED, *_OPTIONAL_STR, *_OPTIONAL_INT, *_OPTIONAL_CHOICE})
     if unknown:
         raise ManifestError(f"{where}: unknown field {unknown[0]!r}")
     for key in _REQUIRED:
@@ -141,6 +147,13 @@ def _entry_from_dict(raw: object, root: Path, index: int) -> ModelEntry:
         value = raw.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ManifestError(f"{where}: field {key!r} must be an integer, got {value!r}")
+        fields[key] = value
+    for key, choices in _OPTIONAL_CHOICE.items():
+        value = raw.get(key)
+        if value is not None and value not in choices:
+            raise ManifestError(
+                f"{where}: field {key!r} must be one of {', '.join(choices)}, got {value!r}"
+            )
         fields[key] = value
     path = Path(fields.pop("path")).expanduser()
     return ModelEntry(path=(root / path).resolve(), **fields)

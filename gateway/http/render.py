@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from gateway.engine import DecodeResult, TokenLogprob
 from gateway.serving.generation import Generation
-from gateway.serving.tool_output import Event, ParsedCall, ToolCallReader, read_calls
+from gateway.serving.tool_output import Event, ParsedCall, ToolCallReader, format_of, read_calls
 
 
 def usage(gen: Generation, result: DecodeResult | None) -> dict[str, Any]:
@@ -67,7 +68,12 @@ def finish_reason(result: DecodeResult, calls: Sequence[ParsedCall] = ()) -> str
 
 
 def call_id(gen: Generation, index: int, choice: int = 0) -> str:
+    """A call's id, unique per request: ``call_<request id>_<index>``, or the length of
+    letters and digits the model's tool format demands (Mistral's templates take 9)."""
     where = f"{choice}_{index}" if choice else str(index)
+    length = format_of(gen.prepared.schema).id_length
+    if length is not None:
+        return hashlib.sha256(f"{gen.meta.request_id}:{where}".encode()).hexdigest()[:length]
     return f"call_{gen.meta.request_id[:24]}_{where}"
 
 
@@ -76,7 +82,7 @@ def _message(
 ) -> tuple[dict[str, Any], list[ParsedCall]]:
     if not gen.calls_tools:
         return {"role": "assistant", "content": result.text, "refusal": None}, []
-    content, calls = read_calls(result.text)
+    content, calls = read_calls(result.text, format_of(gen.prepared.schema))
     message: dict[str, Any] = {"role": "assistant", "content": content or None, "refusal": None}
     if calls:
         message["tool_calls"] = [
@@ -136,7 +142,8 @@ class ChunkWriter:
         self.created = int(time.time())
         n = len(gen.choices)
         self.offset = [0] * n
-        self.readers = [ToolCallReader() for _ in range(n)] if gen.calls_tools else None
+        fmt = format_of(gen.prepared.schema)
+        self.readers = [ToolCallReader(fmt) for _ in range(n)] if gen.calls_tools else None
         self.held: list[list[TokenLogprob]] = [[] for _ in range(n)]
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

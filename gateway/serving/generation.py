@@ -49,7 +49,7 @@ from gateway.serving.prepare import (
 from gateway.serving.ratelimit import Limiter, Quota, Ticket
 from gateway.serving.recorder import Observed, Recorder
 from gateway.serving.rollouts import RolloutTraffic
-from gateway.serving.tool_output import ParsedCall, check_output, read_calls
+from gateway.serving.tool_output import ParsedCall, check_output, format_of, read_calls
 from gateway.serving.tracing import RunTimings, Tracing, decision_attributes
 from gateway.serving.worker import InferenceWorker, Job, Overloaded
 from policies import Decision, Load
@@ -141,7 +141,9 @@ class Generation:
         """The calls the finished choices made, in choice order (none unless `calls_tools`)."""
         if not self.calls_tools:
             return []
-        return [call for c in self.choices if c.result for call in read_calls(c.result.text)[1]]
+        fmt = format_of(self.prepared.schema)
+        texts = [c.result.text for c in self.choices if c.result]
+        return [call for text in texts for call in read_calls(text, fmt)[1]]
 
     def headers(self) -> dict[str, str]:
         h = {

@@ -274,7 +274,7 @@ async def prepare(pool: ModelPool, cmd: Generate, tenant: str | None = None) -> 
         if not 0 <= token_id < vocab:
             raise invalid(f"logit_bias token id {token_id} is not in [0, {vocab})", "logit_bias")
     async with helper_threads.hold(tenant):
-        compiled, schema = await _grammar(cmd, engine)
+        compiled, schema = await _grammar(cmd, engine, entry.tool_format)
     return Prepared(
         entry, engine, prompt_text, prompt_ids, max_tokens,
         compiled.new() if compiled else None, schema,
@@ -302,7 +302,7 @@ def features(cmd: Generate, prompt_tokens: int, max_tokens: int) -> RequestFeatu
 
 
 async def _grammar(
-    cmd: Generate, engine: Engine
+    cmd: Generate, engine: Engine, tool_format: str | None = None
 ) -> tuple[CompiledGrammar | None, dict[str, Any] | None]:
     """response_format or tools -> a fresh per-request grammar (compiled grammars are cached
     per schema hash); a bad schema or an unenforceable keyword is a 400 naming it. Compiling
@@ -323,7 +323,7 @@ async def _grammar(
                               for s in specs)  # fmt: skip
             compiled = await asyncio.to_thread(
                 compile_tool_grammar, engine.tokenizer, specs, mode, parallel,
-                engine.target.vocab_size,
+                engine.target.vocab_size, tool_format,
             )  # fmt: skip
         except ToolError as exc:
             where = "tools" if exc.index is None else f"tools[{exc.index}].function.{exc.field}"

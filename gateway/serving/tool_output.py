@@ -1,14 +1,17 @@
-"""The model's tool-call text (the syntax of `gateway.engine.constraints.tool_calls`) read
-back as OpenAI's tool calls, incrementally for streams and whole for full responses: one
-parser, so a stream and a full response of the same output always agree.
+"""The model's tool-call text (in its family's syntax, `gateway.engine.constraints.
+tool_formats`) read back as OpenAI's tool calls, incrementally for streams and whole for
+full responses: one parser per format, so a stream and a full response of the same output
+always agree.
 
-`ToolCallReader.feed(text)` returns events in output order:
+`ToolCallReader(fmt).feed(text)` returns events in output order:
 
 - ``("content", text)``: answer text (text that may still turn out to be the opening tag is
   held back until it cannot);
 - ``("call", index, name)``: a call opened and its name is complete;
 - ``("arguments", index, fragment)``: the next piece of that call's arguments JSON (the
-  closing ``}`` of the wrapper and the closing tag are held back and never sent).
+  wrapper around it, its closing and the separators are never sent). JSON formats send the
+  arguments as the model writes them; pythonic calls send them whole, as JSON, once the
+  call's ``)`` is written.
 
 `finish()` flushes what was held back (an output cut short by max_tokens or a stop string).
 
@@ -18,23 +21,30 @@ helper thread under a time budget, so a costly schema never blocks the event loo
 
 from __future__ import annotations
 
+import ast
 import asyncio
-import re
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.engine.constraints.json_schema import ConstraintError, validate_output
-from gateway.engine.constraints.tool_calls import CLOSE, OPEN, SEPARATOR
+from gateway.engine.constraints.tool_formats import FORMATS, HERMES, ToolFormat
 from gateway.serving.errors import invalid
 
 Event = tuple[str, int, str] | tuple[str, str]
-_HEAD = re.compile(r'\{"name":"([A-Za-z0-9_-]{1,64})","arguments":')
-_END = "}" + CLOSE
-_NEXT = SEPARATOR + OPEN
 VALIDATION_BUDGET_S = 0.5
 """Most seconds the validation of one finished output may take (it runs in a helper thread;
 with RE2 for the regexes it takes milliseconds): past it the request is refused with a 400
 (code schema_validation_timeout) instead of the event loop waiting."""
+_OPEN = "([{"
+_CLOSE = ")]}"
+
+
+def format_of(schema: Mapping[str, Any] | None) -> ToolFormat:
+    """The format a compiled tool grammar's schema names (`compile_tool_grammar`)."""
+    name = schema.get("format") if schema else None
+    return FORMATS.get(name, HERMES) if isinstance(name, str) else HERMES
 
 
 def _held(buf: str, marker: str) -> int:
@@ -53,11 +63,99 @@ class ParsedCall:
 
 
 @dataclass
+class _Scanner:
+    """Where a JSON value or Python argument list ends: bracket depth outside strings."""
+
+    depth: int = 0
+    quote: str = ""
+    escaped: bool = False
+
+    def end(self, text: str, stop_at_zero: bool) -> int:
+        """Index in ``text`` just past the value (JSON: its closing bracket) or, with
+        ``stop_at_zero`` false (Python arguments), of the unmatched closing bracket; -1 when
+        the value goes on past ``text``."""
+        for i, ch in enumerate(text):
+            if self.quote:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == self.quote:
+                    self.quote = ""
+            elif ch in "\"'":
+                self.quote = ch
+            elif ch in _OPEN:
+                self.depth += 1
+            elif ch in _CLOSE:
+                self.depth -= 1
+                if self.depth == 0 and stop_at_zero:
+                    return i + 1
+                if self.depth < 0:
+                    return i
+        return -1
+
+
+def python_arguments_json(text: str) -> str:
+    """Keyword arguments as a pythonic call writes them (``city="Paris", n=3``) as a compact
+    JSON object; ConstraintError when they are not literals."""
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+        assert isinstance(call, ast.Call) and not call.args
+        return json.dumps(
+            {kw.arg: _literal(kw.value) for kw in call.keywords if kw.arg is not None},
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (SyntaxError, AssertionError, ValueError, RecursionError) as exc:
+        raise ConstraintError(f"pythonic call arguments are not literals: {exc}") from None
+
+
+_NAMES = {"True": True, "False": False, "None": None, "true": True, "false": False, "null": None}
+
+
+def _literal(node: ast.expr) -> Any:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool)):
+        return node.value
+    if isinstance(node, ast.Constant) and node.value is None:
+        return None
+    if isinstance(node, ast.Name) and node.id in _NAMES:
+        return _NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _literal(node.operand)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict) and all(k is not None for k in node.keys):
+        return {_key(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True)}
+    raise ValueError(f"not a literal: {ast.dump(node)[:80]}")
+
+
+def _key(node: ast.expr | None) -> str:
+    value = _literal(node) if node is not None else None
+    if not isinstance(value, str):
+        raise ValueError("a dict key must be a string")
+    return value
+
+
+@dataclass
 class ToolCallReader:
-    state: str = "text"  # text | head | arguments | between
+    """The incremental parser of one output in ``fmt`` (see the module docstring). States:
+    text (answer text; ``start`` before anything for formats whose calls start the output),
+    head (a call's name), arguments, close (the call's closing), between (calls)."""
+
+    fmt: ToolFormat = HERMES
+    state: str = ""
     buf: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
     content: str = ""
+    _scan: _Scanner = field(default_factory=_Scanner)
+    _pending: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.state:
+            self.state = "text" if self.fmt.anywhere else "start"
 
     def feed(self, text: str) -> list[Event]:
         self.buf += text
@@ -69,65 +167,105 @@ class ToolCallReader:
                 return events
 
     def _step(self, events: list[Event]) -> None:
+        fmt = self.fmt
         if self.state == "text":
-            at = self.buf.find(OPEN)
-            cut = at if at >= 0 else len(self.buf) - _held(self.buf, OPEN)
+            at = self.buf.find(fmt.trigger) if fmt.anywhere else -1
+            keep = _held(self.buf, fmt.trigger) if fmt.anywhere else 0
+            cut = at if at >= 0 else len(self.buf) - keep
             self._content(self.buf[:cut], events)
             self.buf = self.buf[cut:]
             if at >= 0:
-                self.buf, self.state = self.buf[len(OPEN) :], "head"
+                self.buf, self.state = self.buf[len(fmt.trigger) :], "head"
+        elif self.state == "start":  # formats whose calls start the output
+            self._start()
         elif self.state == "head":
-            found = _HEAD.match(self.buf)
+            found = fmt.head_pattern.match(self.buf)
             if found:
                 self.calls.append(ParsedCall(found.group(1)))
                 events.append(("call", len(self.calls) - 1, found.group(1)))
                 self.buf, self.state = self.buf[found.end() :], "arguments"
+                self._scan = _Scanner()
         elif self.state == "arguments":
-            at = self.buf.find(_END)
-            cut = at if at >= 0 else len(self.buf) - _held(self.buf, _END)
-            self._arguments(self.buf[:cut], events)
-            self.buf = self.buf[cut:]
-            if at >= 0:
+            self._arguments(events)
+        elif self.state == "close":
+            if self.buf.startswith(fmt.call_close):
                 self.calls[-1].complete = True
-                self.buf, self.state = self.buf[len(_END) :], "between"
-        elif self.buf.startswith(_NEXT):  # between calls
-            self.buf, self.state = self.buf[len(_NEXT) :], "head"
-        elif self.buf and not _NEXT.startswith(self.buf):
-            self.state = "text"  # not another call (the grammar never allows this)
+                self.buf, self.state = self.buf[len(fmt.call_close) :], "between"
+            elif self.buf and not fmt.call_close.startswith(self.buf):
+                self.state = "text"  # not the format (the grammar never allows this)
+        elif self.state == "between":
+            more = fmt.separator + fmt.call_open
+            if self.buf.startswith(more):
+                self.buf, self.state = self.buf[len(more) :], "head"
+            elif fmt.end and self.buf.startswith(fmt.end):
+                self.buf, self.state = self.buf[len(fmt.end) :], "text"
+            elif self.buf and not more.startswith(self.buf) and not fmt.end.startswith(self.buf):
+                self.state = "text"  # not another call (the grammar never allows this)
+
+    def _start(self) -> None:
+        fmt, buf = self.fmt, self.buf
+        if fmt.prefix and buf.startswith(fmt.prefix):
+            self.buf = buf = buf[len(fmt.prefix) :]
+        elif fmt.prefix and fmt.prefix.startswith(buf):
+            return  # maybe the prefix: wait (an empty output waits too)
+        opening = fmt.opening + fmt.call_open
+        if opening and buf.startswith(opening):
+            self.buf, self.state = buf[len(opening) :], "head"
+        elif opening and opening.startswith(buf):
+            return
+        elif not opening and buf.startswith("{"):
+            self.state = "head"
+        elif buf:
+            self.state = "text"
+
+    def _arguments(self, events: list[Event]) -> None:
+        end = self._scan.end(self.buf, stop_at_zero=not self.fmt.python)
+        if not self.fmt.python:  # JSON: sent as written
+            self._send(self.buf if end < 0 else self.buf[:end], events)
+        elif end < 0:  # pythonic: sent whole, as JSON, once the call's ")" is written
+            self._pending += self.buf
+        else:
+            written, self._pending = self._pending + self.buf[:end], ""
+            try:
+                self._send(python_arguments_json(written), events)
+            except ConstraintError:  # never from the grammar: the check names it
+                self._send(written, events)
+        if end < 0:
+            self.buf = ""
+        else:
+            self.buf, self.state = self.buf[end:], "close"
 
     def _content(self, text: str, events: list[Event]) -> None:
         if text:
             self.content += text
             events.append(("content", text))
 
-    def _arguments(self, text: str, events: list[Event]) -> None:
+    def _send(self, text: str, events: list[Event]) -> None:
         if text:
             self.calls[-1].arguments += text
             events.append(("arguments", len(self.calls) - 1, text))
 
     def finish(self) -> list[Event]:
-        """What was held back: answer text, or the arguments of a call cut short."""
+        """What was held back: answer text (a call cut short keeps the arguments sent)."""
         events: list[Event] = []
-        if self.state == "text":
+        if self.state in ("text", "start"):
             self._content(self.buf, events)
-        elif self.state == "arguments" and not _END.startswith(self.buf):
-            self._arguments(self.buf, events)  # else cut inside the wrapper's closing
         self.buf = ""
         return events
 
 
-def read_calls(text: str) -> tuple[str, list[ParsedCall]]:
+def read_calls(text: str, fmt: ToolFormat = HERMES) -> tuple[str, list[ParsedCall]]:
     """A whole output: its answer text and its calls."""
-    reader = ToolCallReader()
+    reader = ToolCallReader(fmt)
     reader.feed(text)
     reader.finish()
     return reader.content, reader.calls
 
 
-def check_calls(text: str, parameters: dict[str, dict[str, Any]]) -> None:
+def check_calls(text: str, parameters: dict[str, dict[str, Any]], fmt: ToolFormat = HERMES) -> None:
     """ConstraintError unless every complete call names a tool and its arguments validate
     (jsonschema) against that tool's parameters schema."""
-    for call in read_calls(text)[1]:
+    for call in read_calls(text, fmt)[1]:
         if not call.complete:
             continue
         if call.name not in parameters:
@@ -146,7 +284,7 @@ async def check_output(
     a validation still running after ``budget_s`` is a 400 naming response_format (tools)
     with code schema_validation_timeout (its thread ends on its own, bounded by the output)."""
     work = (
-        asyncio.to_thread(check_calls, text, tools)
+        asyncio.to_thread(check_calls, text, tools, format_of(schema))
         if tools is not None
         else asyncio.to_thread(validate_output, text, schema)
     )

@@ -2,21 +2,25 @@
 inside, compiled by llguidance like any JSON schema (so speculation stays exact: the draft
 and the target are masked by the same grammar).
 
-The syntax is the Hermes / Qwen convention the demo chat template teaches (and Qwen2.5 and
-Hermes models were trained on): every call is
+The syntax is the model family's (`tool_formats`: Hermes/Qwen, Llama 3 JSON, Mistral,
+Granite, pythonic), read off its chat template or named in its manifest. Hermes, the demo
+template's, writes every call as
 
     <tool_call>
     {"name":"<function name>","arguments":<arguments object>}
     </tool_call>
 
-calls are separated by one newline, and the JSON is compact (no whitespace between tokens,
-as in every grammar here, so a model cannot stall in whitespace). Two grammars:
+and the JSON is compact (no whitespace between tokens, as in every grammar here, so a model
+cannot stall in whitespace). Two grammars:
 
 - ``required``: the output is one call (or, with ``parallel``, one or more), nothing else;
   a named ``tool_choice`` is ``required`` over that one tool.
-- ``auto``: free text, or free text followed by calls. The text may not contain the opening
-  tag, so once the model writes ``<tool_call>`` the rest of the call is forced to a tool's
-  name and its schema. After the calls only more calls (``parallel``) or the end follow.
+- ``auto``: free text, or calls. Formats whose calls may follow text (Hermes, Mistral,
+  Granite) forbid their opening tag in the text, so once the model writes it the rest of
+  the call is forced to a tool's name and its schema (a lazy trigger); formats whose calls
+  start the output (Llama 3 JSON, pythonic) forbid text that starts like a call, so a first
+  ``{`` (or ``<|python_tag|>``) or ``[`` is a call. After the calls only more calls
+  (``parallel``) or the format's end follow.
 """
 
 from __future__ import annotations
@@ -36,11 +40,17 @@ from gateway.engine.constraints.json_schema import (
     check_enforceable,
     compile_grammar_text,
 )
+from gateway.engine.constraints.tool_formats import (
+    HERMES,
+    ToolFormat,
+    model_format,
+    python_arguments,
+)
 
-TAG: Final = "<tool_call>"
-OPEN: Final = TAG + "\n"
-CLOSE: Final = "\n</tool_call>"
-SEPARATOR: Final = "\n"
+TAG: Final = HERMES.call_open.strip()
+OPEN: Final = HERMES.call_open
+CLOSE: Final = HERMES.call_close[1:]
+SEPARATOR: Final = HERMES.separator
 NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """OpenAI's rule for function names (so a name needs no escaping in JSON or Lark)."""
 ToolMode = Literal["auto", "required"]
@@ -64,49 +74,99 @@ class ToolError(ConstraintError):
         self.field = field
 
 
-def call_prefix(name: str) -> str:
+def call_prefix(name: str, fmt: ToolFormat = HERMES) -> str:
     """The text of a call up to its arguments: what the grammar forces once the name is
     chosen."""
-    return '{"name":' + json.dumps(name) + ',"arguments":'
+    return fmt.head(name)
+
+
+def _literal(text: str, fmt: ToolFormat, tag_id: int | None) -> str:
+    """``text`` in Lark: quoted, its tag as the added token when the tokenizer has one
+    (llguidance keeps added tokens apart from text, so the grammar must name them)."""
+    if not text:
+        return ""
+    if tag_id is None or fmt.tag is None or fmt.tag not in text:
+        return json.dumps(text)
+    parts = [json.dumps(p) if p else "" for p in text.split(fmt.tag)]
+    return f" <[{tag_id}]> ".join(parts).strip()
 
 
 def grammar_text(
-    tools: Sequence[ToolSpec], mode: ToolMode, parallel: bool, tag_token: bool = False
+    tools: Sequence[ToolSpec],
+    mode: ToolMode,
+    parallel: bool,
+    fmt: ToolFormat = HERMES,
+    tag_id: int | None = None,
 ) -> str:
-    """The Lark grammar (llguidance's dialect) of the calls the model may emit.
+    """The Lark grammar (llguidance's dialect) of the calls the model may emit in ``fmt``.
 
-    ``tag_token``: the tokenizer has the opening tag as one added token (Qwen2.5, Hermes),
-    which llguidance keeps apart from text: the grammar then names that token (``<tag>``),
-    since text bytes can never produce it (a literal would even mask it in and then refuse
-    it)."""
+    ``tag_id``: the id of the format's tag when the tokenizer has it as one added token
+    (Qwen2.5, Hermes, Llama, Mistral and Granite tokenizers do), which llguidance keeps apart
+    from text: the grammar then names that token, since text bytes can never produce it (a
+    literal would even mask it in and then refuse it)."""
     if not tools:
         raise ToolError("tools must contain at least one function", None)
-    options = {"x-guidance": dict(JSON_OPTIONS)}
+
+    def lit(text: str) -> str:
+        return _literal(text, fmt, tag_id)
+
     lines = ["%llguidance {}"]
-    more = f" ({json.dumps(SEPARATOR)} call)*" if parallel else ""
-    opener = f'{TAG} "\\n"' if tag_token else json.dumps(OPEN)
+    more = f" ({lit(fmt.separator)} call)*" if parallel else ""
+    tail = f"{more} {lit(fmt.end)}".rstrip()
+    opening = f"{lit(fmt.opening)} {lit(fmt.call_open)}".strip()
     if mode == "required":
-        lines.append(f"start: call{more}")
-    elif tag_token:
-        lines.append(f"start: TEXT | TEXT? {opener} call_body{more}")
+        lines.append(f"start: {opening} body{tail}".replace("start:  ", "start: "))
+    elif not fmt.anywhere:  # calls only start the output, optionally after the prefix
+        prefix = f"({lit(fmt.prefix)})? " if fmt.prefix else ""
+        lines.append(f"start: TEXT | {prefix}{opening} body{tail}".replace("|  ", "| "))
+        first = fmt.head("x")[0] if not fmt.trigger else fmt.trigger[0]
+        refuse = f"\\s*{_escape(first)}"
+        if fmt.prefix:
+            refuse += "|" + _escape(fmt.prefix)
+        lines.append(f"TEXT: /(?s:.*)/ & ~/(?s:({refuse}).*)/")
     else:
-        lines += [
-            f"start: TEXT | head call_body{more}",
-            "head[lazy]: /(?s:.*)<tool_call>\\n/",  # lazy: up to the first opening tag
-        ]
-    if mode == "auto":
+        assert fmt.tag is not None and fmt.trigger.startswith(fmt.tag)
+        after = fmt.trigger[len(fmt.tag) :]
+        if tag_id is not None:
+            lines.append(f"start: TEXT | TEXT? {lit(fmt.tag)} {lit(after)} body{tail}")
+        else:  # lazy: up to the first opening tag
+            lines.append(f"start: TEXT | head body{tail}")
+            lines.append(f"head[lazy]: /(?s:.*){_escape(fmt.trigger)}/")
         # the answer's text never holds the opening tag: writing it starts a call
-        lines.append("TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/")
+        lines.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){_escape(fmt.tag)}(?s:.*)/")
     names = " | ".join(f"fn_{i}" for i in range(len(tools)))
     lines += [
-        f"call: {opener} call_body",
-        f"call_body: ({names}) {json.dumps(CLOSE)}",
+        f"call: {lit(fmt.call_open)} body".replace(":  ", ": "),
+        f"body: {names}",
     ]
+    options = {"x-guidance": dict(JSON_OPTIONS)}
     for i, tool in enumerate(tools):
-        schema = {**tool.parameters, **options}
-        lines.append(f'fn_{i}: {json.dumps(call_prefix(tool.name))} args_{i} "}}"')
-        lines.append(f"args_{i}: %json {json.dumps(schema, allow_nan=False)}")
+        close = lit(fmt.call_close)
+        if fmt.python:
+            try:
+                args, rules = python_arguments(f"args_{i}", tool.parameters)
+            except ConstraintError as exc:
+                raise ToolError(f"function {tool.name!r}: {exc}", i) from None
+            lines.append(f"fn_{i}: {json.dumps(fmt.head(tool.name))} {args} {close}")
+            lines += rules
+        else:
+            schema = {**tool.parameters, **options}
+            lines.append(f"fn_{i}: {json.dumps(fmt.head(tool.name))} args_{i} {close}")
+            lines.append(f"args_{i}: %json {json.dumps(schema, allow_nan=False)}")
     return "\n".join(lines) + "\n"
+
+
+def _escape(text: str) -> str:
+    """``text`` as a literal inside a Lark /regex/ (Rust's regex syntax; its slash too)."""
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append("\\n")
+        elif ch in "\\.+*?()|[]{}^$#&-~/":
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def check_tools(tools: Sequence[ToolSpec]) -> None:
@@ -135,15 +195,27 @@ def check_tools(tools: Sequence[ToolSpec]) -> None:
 
 
 def compile_tool_grammar(
-    tokenizer: Any, tools: Sequence[ToolSpec], mode: ToolMode, parallel: bool, vocab_size: int
+    tokenizer: Any,
+    tools: Sequence[ToolSpec],
+    mode: ToolMode,
+    parallel: bool,
+    vocab_size: int,
+    tool_format: str | None = None,
 ) -> CompiledGrammar:
-    """Check the tools and compile their grammar (cached like JSON schemas). The compiled
-    grammar's ``schema`` is ``{"tools": {name: parameters}}``, what its output must obey."""
+    """Check the tools and compile their grammar (cached like JSON schemas) in the model's
+    syntax: ``tool_format`` (the manifest's) or the one its chat template teaches. The
+    compiled grammar's ``schema`` is ``{"tools": {name: parameters}, "format": name}``,
+    what its output must obey and how to read it back."""
     check_tools(tools)
+    try:
+        fmt = model_format(tokenizer, tool_format)
+    except ConstraintError as exc:
+        raise ToolError(str(exc), None) from None
     added: dict[str, int] = getattr(tokenizer, "get_added_vocab", dict)()
-    text = grammar_text(tools, mode, parallel, tag_token=TAG in added)
+    tag_id = added.get(fmt.tag) if fmt.tag is not None else None
+    text = grammar_text(tools, mode, parallel, fmt, tag_id)
     digest = hashlib.sha256(text.encode()).hexdigest()
-    schema = {"tools": {t.name: t.parameters for t in tools}}
+    schema = {"tools": {t.name: t.parameters for t in tools}, "format": fmt.name}
     try:
         return compile_grammar_text(tokenizer, text, vocab_size, schema, digest)
     except ToolError:
@@ -158,6 +230,7 @@ __all__ = [
     "SEPARATOR",
     "TAG",
     "ToolError",
+    "ToolFormat",
     "ToolMode",
     "ToolSpec",
     "call_prefix",
