@@ -22,6 +22,10 @@ to the first token (the first chunk with text) and to the end, for one client at
 time and for 8 concurrent clients, plus completed requests/s. This is where the audit's
 place on the request path shows: a record written before the first byte is in the TTFT.
 Env ``AUDIT_BENCH_CHECKOUT`` runs that gateway from another checkout (a baseline).
+
+``log``: the verifiable log's cost (benchmarks/_audit_log.py): records/s with the checkpoint
+job off and on, and inclusion / consistency proof time and size at 1M leaves. ``python -m
+benchmarks.audit --log`` runs only that part (report: benchmarks/reports/audit_log.json).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from benchmarks import _audit_log
 from benchmarks._server import gateway
 from gateway.database import Admission, AuditWriter, Database, RequestRecord
 
@@ -253,6 +258,7 @@ async def _run(out_dir: Path, quick: bool) -> dict[str, Any]:
     except OSError as exc:
         result["postgresql"] = {"skipped": f"PostgreSQL unreachable: {exc}"}
     result["ttft"] = await _ttft(quick)
+    result["log"] = await _audit_log.run_log(out_dir, quick, _record, _pg_database)
     return result
 
 
@@ -261,7 +267,17 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     return asyncio.run(_run(out_dir, quick))
 
 
+def run_log_only(out_dir: Path, quick: bool = False) -> dict[str, Any]:
+    """Only the verifiable log's costs, written to ``out_dir/audit_log.json``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = asyncio.run(_audit_log.run_log(out_dir, quick, _record, _pg_database))
+    (out_dir / "audit_log.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 if __name__ == "__main__":
     import sys
 
-    print(json.dumps(run(Path("benchmarks/reports"), quick="--quick" in sys.argv), indent=2))
+    quick = "--quick" in sys.argv
+    runner = run_log_only if "--log" in sys.argv else run
+    print(json.dumps(runner(Path("benchmarks/reports"), quick=quick), indent=2))

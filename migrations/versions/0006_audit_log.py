@@ -1,5 +1,5 @@
-"""The verifiable log: audit_log_leaves (which chain row each leaf is), audit_log_nodes
-(the Merkle tree's perfect subtrees), audit_checkpoints (signed tree heads),
+"""The verifiable log: audit_log_leaves (which chain row each leaf is, and its hash),
+audit_log_nodes (the Merkle tree's perfect subtrees above the leaves), audit_checkpoints (signed tree heads),
 audit_cosignatures (witnesses') and audit_signing_keys. All append-only, like the chains.
 
 Revision ID: 0006_audit_log
@@ -53,6 +53,7 @@ def upgrade() -> None:
         sa.Column("idx", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("kind", sa.String(16), nullable=False),
         sa.Column("source_id", sa.BigInteger(), nullable=False),
+        sa.Column("hash", sa.LargeBinary(32), nullable=False),
         sa.PrimaryKeyConstraint("idx", name=op.f("pk_audit_log_leaves")),
     )
     op.create_index(

@@ -2,10 +2,9 @@
 signed checkpoints, their witnesses' cosignatures and the log's signing keys.
 
 - ``audit_log_leaves``: leaf ``idx`` of the log is row ``source_id`` of chain ``kind``
-  (``admission``, ``record``, ``event``); the leaf's bytes are that row's canonical bytes
-  (chain.py), its hash is node ``(0, idx)``.
-- ``audit_log_nodes``: every perfect subtree's hash (merkle.py), leaves at level 0; written
-  once when its last leaf is sequenced, never changed.
+  (``admission``, ``record``, ``event``), with its leaf hash (leaves.py): node ``(0, idx)``.
+- ``audit_log_nodes``: the hash of every perfect subtree above the leaves (merkle.py, level
+  1 and up); written once when its last leaf is sequenced, never changed.
 - ``audit_checkpoints``: each signed checkpoint, as the note that was signed.
 - ``audit_cosignatures``: a witness's cosignature line over a checkpoint.
 - ``audit_signing_keys``: every key that ever signed checkpoints (verifier key form), so
@@ -40,6 +39,8 @@ class LogLeafRow(Base):
     admin_events)."""
     source_id: Mapped[int] = mapped_column(BigInteger)
     """The row's id in its chain's table."""
+    hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+    """RFC 9162 leaf hash (32 bytes): node (0, idx) of the tree."""
 
 
 class LogNodeRow(Base):
@@ -48,7 +49,7 @@ class LogNodeRow(Base):
     __tablename__ = "audit_log_nodes"
 
     level: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
-    """Height: 0 for a leaf hash, k for the subtree over 2**k leaves."""
+    """Height: k >= 1 for the subtree over 2**k leaves (leaf hashes are in the leaves)."""
     idx: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     """Its position among the subtrees of its level (leaves idx*2**level onwards)."""
     hash: Mapped[bytes] = mapped_column(LargeBinary(32))

@@ -298,15 +298,28 @@ def test_a_key_rotation_is_an_admin_event_and_old_checkpoints_stay_verifiable(lo
     assert old_only["first_problem"].startswith("bad checkpoint 3: signed by no trusted key")
 
 
-def test_a_row_that_no_longer_matches_its_hash_is_never_signed_over(log: Log) -> None:
+def test_a_chain_relinked_before_sequencing_is_never_signed_over(log: Log) -> None:
+    run(log.write(2, start=11))
+    con = sqlite3.connect(log.path)
+    con.execute("DROP TRIGGER audit_records_no_update")
+    con.execute("UPDATE audit_records SET record_hash = ? WHERE id = 12", ("f" * 64,))
+    con.commit()
+    con.close()
+    with pytest.raises(LogBroken, match="audit_records row 13 does not link"):
+        run(log.checkpoint())
+
+
+def test_a_field_changed_before_sequencing_is_named_by_the_verifier(log: Log) -> None:
     run(log.write(1, start=11))
     con = sqlite3.connect(log.path)
     con.execute("DROP TRIGGER audit_records_no_update")
     con.execute("UPDATE audit_records SET status = 201 WHERE id = 12")
     con.commit()
     con.close()
-    with pytest.raises(LogBroken, match="audit_records row 12"):
-        run(log.checkpoint())
+    assert run(log.checkpoint()).size == 13  # the leaf holds the hash the row was written with
+    export, cps = log.export()
+    report = log.verify(export, cps)
+    assert report["first_problem"].startswith("changed: record id 12 (leaf 12")
 
 
 def test_nothing_new_signs_nothing_and_admin_events_are_leaves(log: Log) -> None:

@@ -1,0 +1,184 @@
+"""Cost of the verifiable log (part of benchmarks/audit.py; ``python -m benchmarks.audit
+--log`` runs this part alone and writes benchmarks/reports/audit_log.json).
+
+- ``throughput``: audit records/s through AuditWriter (32 writers) with the checkpoint job
+  off and on, in alternating rounds on one database; "on" signs a checkpoint every
+  ``CHECKPOINT_EVERY_S`` (far more often than the 60 s default, so the cost shows), with
+  the sequencing in the same database. ``ratio`` = on / off (median rounds; goal >= 0.95).
+- ``proofs``: a log of 1,000,000 leaves (synthetic leaf hashes stored by the same
+  ``append_leaves`` as the job's; the records themselves are not needed to prove) on a
+  SQLite file: time to build it, an inclusion proof's time (through ``AuditLog.inclusion``,
+  the API's path: leaf lookup, checkpoint, one node query) and a consistency proof's, and
+  the proofs' sizes (hashes and bytes; log2(1e6) ~ 20).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import random
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, insert
+
+from gateway.database import AuditLog, AuditWriter, Database, Signer
+from gateway.database.audit import merkle
+from gateway.database.audit.log import append_leaves, node_source
+from gateway.database.audit.log_tables import CHECKPOINTS
+
+CHECKPOINT_EVERY_S = 0.5
+KEY = Signer.generate("bench.local/audit")
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+async def _writes(url: str, total: int, writers: int, checkpoints: bool, make: Any) -> float:
+    """records/s for ``total`` records from ``writers`` lanes; ``checkpoints``: a signer
+    running beside them."""
+    store = await Database.connect(url)
+    writer = AuditWriter(store, max_batch=64, max_delay_ms=5)
+    await writer.start()
+    log = AuditLog(store, KEY)
+    done = asyncio.Event()
+
+    async def signer() -> None:
+        while not done.is_set():
+            await log.checkpoint()
+            await asyncio.sleep(CHECKPOINT_EVERY_S)
+
+    async def lane(n: int) -> None:
+        for i in range(n, total, writers):
+            await writer.write(make(i))
+
+    task = asyncio.create_task(signer()) if checkpoints else None
+    start = time.perf_counter()
+    await asyncio.gather(*(lane(n) for n in range(writers)))
+    elapsed = time.perf_counter() - start
+    done.set()
+    if task is not None:
+        await task
+    await writer.stop()
+    await store.close()
+    return total / elapsed
+
+
+async def throughput(url: str, make: Any, total: int, rounds: int) -> dict[str, Any]:
+    await (await Database.connect(url, upgrade=True)).close()
+    off: list[float] = []
+    on: list[float] = []
+    for _ in range(rounds):  # alternating, so drift on a shared machine hits both
+        off.append(await _writes(url, total, 32, False, make))
+        on.append(await _writes(url, total, 32, True, make))
+    store = await Database.connect(url)
+    log = AuditLog(store, KEY)
+    t0 = time.perf_counter()
+    last = await log.checkpoint()  # the rows "off" left: one catch-up checkpoint
+    catch_up = time.perf_counter() - t0
+    checks = await store.verify()
+    await store.close()
+    return {
+        "records_per_s_off": [round(x, 1) for x in off],
+        "records_per_s_on": [round(x, 1) for x in on],
+        "ratio": round(statistics.median(on) / statistics.median(off), 3),
+        "catch_up_s": round(catch_up, 3),
+        "catch_up_leaves": None if last is None else last.appended,
+        "log_size": None if last is None else last.size,
+        "chain_ok": checks["ok"],
+    }
+
+
+def _build(path: Path, n: int, chunk: int = 50_000) -> float:
+    """A log of ``n`` synthetic leaves (kind record, source ids 1..n) and a checkpoint row
+    of size n; returns the seconds it took."""
+    engine = create_engine(f"sqlite:///{path}")
+    t0 = time.perf_counter()
+    size = 0
+    with engine.begin() as conn:
+        while size < n:
+            k = min(chunk, n - size)
+            leaves = [
+                ("record", size + i + 1, hashlib.sha256(b"%d" % (size + i)).digest())
+                for i in range(k)
+            ]
+            size = append_leaves(conn, size, leaves)
+        root = merkle.root(n, node_source(conn))
+        conn.execute(
+            insert(CHECKPOINTS),
+            {"tree_size": n, "root_hash": root.hex(), "key_id": "00000000",
+             "note": "bench\n", "created_at": datetime.now(UTC)},
+        )  # fmt: skip
+    elapsed = time.perf_counter() - t0
+    engine.dispose()
+    return elapsed
+
+
+def _consistency(conn: Any, first: int, n: int) -> list[bytes]:
+    return merkle.consistency_proof(first, n, node_source(conn))
+
+
+async def proofs(tmp: Path, n: int, samples: int = 300) -> dict[str, Any]:
+    path = tmp / "proofs.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    await (await Database.connect(url, upgrade=True)).close()
+    build_s = await asyncio.to_thread(_build, path, n)
+    store = await Database.connect(url)
+    log = AuditLog(store)
+    rng = random.Random(7)
+    inc_ms: list[float] = []
+    sizes: list[int] = []
+    for _ in range(samples):
+        sid = rng.randrange(1, n + 1)
+        t0 = time.perf_counter()
+        p = await log.inclusion("record", sid)
+        inc_ms.append((time.perf_counter() - t0) * 1000)
+        sizes.append(len(p["hashes"]))
+    con_ms: list[float] = []
+    con_sizes: list[int] = []
+    async with store._read() as conn:
+        for _ in range(samples // 3):
+            first = rng.randrange(1, n)
+            t0 = time.perf_counter()
+            hashes = await conn.run_sync(_consistency, first, n)
+            con_ms.append((time.perf_counter() - t0) * 1000)
+            con_sizes.append(len(hashes))
+    await store.close()
+    return {
+        "leaves": n,
+        "build_s": round(build_s, 1),
+        "build_leaves_per_s": round(n / build_s),
+        "inclusion_ms_p50": round(statistics.median(inc_ms), 3),
+        "inclusion_ms_p99": round(_pct(inc_ms, 0.99), 3),
+        "inclusion_hashes_max": max(sizes),
+        "inclusion_bytes_max": 32 * max(sizes),
+        "consistency_ms_p50": round(statistics.median(con_ms), 3),
+        "consistency_ms_p99": round(_pct(con_ms, 0.99), 3),
+        "consistency_hashes_max": max(con_sizes),
+        "log2_n": round(math.log2(n), 2),
+        "db_mb": round(path.stat().st_size / 2**20, 1),
+    }
+
+
+async def run_log(out_dir: Path, quick: bool, make: Any, pg_url: Any) -> dict[str, Any]:
+    total, rounds, n = (1000, 2, 100_000) if quick else (4000, 3, 1_000_000)
+    result: dict[str, Any] = {
+        "params": {"records_per_round": total, "rounds": rounds, "writers": 32,
+                   "checkpoint_every_s": CHECKPOINT_EVERY_S, "proof_leaves": n},
+    }  # fmt: skip
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        result["sqlite"] = await throughput(f"sqlite+aiosqlite:///{tmp}/t.db", make, total, rounds)
+        try:
+            async with pg_url() as url:
+                result["postgresql"] = await throughput(url, make, total, rounds)
+        except OSError as exc:
+            result["postgresql"] = {"skipped": f"PostgreSQL unreachable: {exc}"}
+        result["proofs"] = await proofs(Path(tmp), n)
+    return result
