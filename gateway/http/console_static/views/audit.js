@@ -1,7 +1,54 @@
 // Audit: records with the filters of /audit/records, a record's detail (decision reasons,
-// models, trace id), export as JSON lines or CSV, chain verification, and (admin key) the
-// admin events: tenants, keys, policies, rollouts.
+// models, trace id), export as JSON lines or CSV, chain verification, the signed
+// checkpoints of the verifiable log (with a record's inclusion proof checked here, in the
+// browser), and (admin key) the admin events: tenants, keys, policies, rollouts.
 "use strict";
+
+// RFC 9162 inclusion proofs, checked with WebCrypto's SHA-256 (docs/audit.md, "The
+// verifiable log"): leaf = SHA-256(0x00 || kind "\n" record_hash), node = SHA-256(0x01 ||
+// left || right). Pure functions (tests/unit/audit/test_console_proofs.py runs them in node).
+const LogProof = {
+  async sha256(...parts) {
+    const size = parts.reduce((n, p) => n + p.length, 0);
+    const all = new Uint8Array(size);
+    let at = 0;
+    for (const p of parts) { all.set(p, at); at += p.length; }
+    return new Uint8Array(await globalThis.crypto.subtle.digest("SHA-256", all));
+  },
+  b64(text) {
+    return Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
+  },
+  equal(a, b) {
+    return a.length === b.length && a.every((x, i) => x === b[i]);
+  },
+  async leaf(kind, recordHash) {
+    return LogProof.sha256(new Uint8Array([0]), new TextEncoder().encode(kind + "\n" + recordHash));
+  },
+  node(left, right) {
+    return LogProof.sha256(new Uint8Array([1]), left, right);
+  },
+  // {origin, size, root} of a signed checkpoint note (its first three lines)
+  checkpoint(note) {
+    const [origin, size, root] = note.split("\n");
+    return { origin, size: Number(size), root: LogProof.b64(root) };
+  },
+  // RFC 9162 2.1.3.2: true when `leaf` is leaf `index` of the tree of `size` with `root`
+  async verifyInclusion(leaf, index, size, proof, root) {
+    if (!(index >= 0 && index < size)) return false;
+    let fn = index, sn = size - 1, r = leaf;
+    for (const p of proof) {
+      if (sn === 0) return false;
+      if (fn % 2 === 1 || fn === sn) {
+        r = await LogProof.node(p, r);
+        while (fn % 2 === 0 && fn !== 0) { fn = Math.floor(fn / 2); sn = Math.floor(sn / 2); }
+      } else {
+        r = await LogProof.node(r, p);
+      }
+      fn = Math.floor(fn / 2); sn = Math.floor(sn / 2);
+    }
+    return sn === 0 && LogProof.equal(r, root);
+  },
+};
 
 const FILTERS = [
   ["tenant", "Tenant"], ["since", "Since (ISO, with Z)"], ["until", "Until"], ["mode", "Mode"],
@@ -18,10 +65,12 @@ Console.views.audit = {
     const tabs = h("div", { class: "tabs" },
       h("button", { class: tab === "records" ? "on" : "", id: "tab-records", onclick: () => (location.hash = "#/audit") }, "Request records"),
       isAdmin() ? h("button", { class: tab === "events" ? "on" : "", id: "tab-events", onclick: () => (location.hash = "#/audit?tab=events") }, "Admin events") : null,
-      h("button", { class: tab === "verify" ? "on" : "", id: "tab-verify", onclick: () => (location.hash = "#/audit?tab=verify") }, "Verify chain"));
+      h("button", { class: tab === "verify" ? "on" : "", id: "tab-verify", onclick: () => (location.hash = "#/audit?tab=verify") }, "Verify chain"),
+      h("button", { class: tab === "checkpoints" ? "on" : "", id: "tab-checkpoints", onclick: () => (location.hash = "#/audit?tab=checkpoints") }, "Signed checkpoints"));
     el.append(h("h1", {}, "Audit"), tabs);
     if (tab === "events" && isAdmin()) return renderEvents(el);
     if (tab === "verify") return renderVerify(el);
+    if (tab === "checkpoints") return renderCheckpoints(el);
     return renderRecords(el, params);
   },
 };
@@ -143,4 +192,60 @@ async function renderVerify(el) {
   };
   el.append(box);
   await run();
+}
+
+async function renderCheckpoints(el) {
+  const page = await api("GET", "/audit/checkpoints?limit=20");
+  const latest = page.data[0];
+  const signer = page.signer;
+  const head = h("div", { class: "card", id: "checkpoint-latest" }, h("h2", {}, "Latest signed checkpoint"));
+  if (!latest) {
+    head.append(h("p", { class: "muted", id: "checkpoint-none" }, "No checkpoint signed yet (the job signs one within its interval once records arrive)."));
+  } else {
+    const cp = LogProof.checkpoint(latest.note);
+    const witnessed = latest.witnesses.length;
+    head.append(
+      h("div", { class: "row" },
+        stat(fmt(latest.tree_size), "leaves covered"),
+        stat(latest.created_at.slice(0, 19).replace("T", " "), "signed (UTC)"),
+        stat(h("span", { class: "badge " + (witnessed ? "ok" : "bad"), id: "checkpoint-witness" }, witnessed ? `cosigned by ${witnessed}` : "no witness"), "witness")),
+      h("dl", { class: "detail" },
+        h("dt", {}, "origin"), h("dd", { class: "mono" }, cp.origin),
+        h("dt", {}, "root"), h("dd", { class: "mono", id: "checkpoint-root" }, latest.root_hash),
+        h("dt", {}, "key id"), h("dd", { class: "mono" }, latest.key_id),
+        h("dt", {}, "witnesses"), h("dd", {}, latest.witnesses.map((w) => h("span", { class: "chip" }, w.witness))),
+        signer ? [h("dt", {}, "this replica's sinks"), h("dd", { id: "checkpoint-sinks" }, Object.entries(signer.sinks).map(([k, v]) => h("div", {}, `${k}: ${v}`)), signer.error ? h("div", { class: "error" }, signer.error) : "")] : ""),
+      h("pre", { class: "mono", id: "checkpoint-note" }, latest.cosigned));
+  }
+  const result = h("p", { id: "proof-result" });
+  const input = h("input", { id: "proof-record", size: 10, placeholder: "record id" });
+  const check = h("form", { class: "card", id: "proof-form", onsubmit: async (e) => { e.preventDefault(); await checkRecord(input.value.trim(), result); } },
+    h("h2", {}, "Check a record's inclusion proof (in this browser)"),
+    h("p", { class: "muted" }, "Recomputes the record's leaf from its hash and walks its audit path to the signed root. The offline verifier also recomputes the hash from every field and checks the signature (docs/audit.md)."),
+    h("div", { class: "row" }, input, h("button", { type: "submit", id: "proof-check" }, "Verify")), result);
+  const keys = h("div", { class: "card", id: "checkpoint-keys" }, h("h2", {}, "Signing keys (give auditors these)"),
+    page.keys.map((k) => h("div", { class: "mono" }, k.vkey)));
+  const list = h("div", { class: "card" }, h("h2", {}, "Recent checkpoints"),
+    table([["Id", (c) => c.id], ["Leaves", (c) => c.tree_size], ["Signed", (c) => c.created_at.slice(0, 19).replace("T", " ")],
+      ["Root", (c) => h("code", {}, c.root_hash.slice(0, 16) + "…")], ["Witnesses", (c) => c.witnesses.length]], page.data, { empty: "None yet." }));
+  el.append(head, check, keys, list);
+}
+
+async function checkRecord(id, out) {
+  try {
+    const record = await api("GET", `/audit/records/${encodeURIComponent(id)}`);
+    const proof = await api("GET", `/audit/records/${encodeURIComponent(id)}/proof`);
+    const cp = LogProof.checkpoint(proof.checkpoint);
+    const leaf = await LogProof.leaf("record", record.record_hash);
+    const sameLeaf = LogProof.equal(leaf, LogProof.b64(proof.leaf_hash));
+    const ok = sameLeaf && cp.size === proof.tree_size &&
+      (await LogProof.verifyInclusion(leaf, proof.leaf_index, proof.tree_size, proof.hashes.map(LogProof.b64), cp.root));
+    out.className = ok ? "ok" : "error";
+    out.textContent = ok
+      ? `Record ${id} is leaf ${proof.leaf_index} of the signed log of ${proof.tree_size} leaves: its ${proof.hashes.length} proof hashes lead to the signed root.`
+      : `Record ${id}: the proof does NOT lead to the signed root${sameLeaf ? "" : " (its leaf is not the record's hash)"}.`;
+  } catch (e) {
+    out.className = "error";
+    out.textContent = e.message;
+  }
 }
