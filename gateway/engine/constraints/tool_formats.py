@@ -193,7 +193,7 @@ def python_arguments(rule: str, schema: dict[str, Any]) -> tuple[str, list[str]]
     by ", ". ConstraintError for a property name that is not a Python identifier."""
     props: dict[str, Any] = schema.get("properties") or {}
     required = set(schema.get("required") or ())
-    defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+    defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
     missing = required - set(props)
     if missing:
         raise ConstraintError(f"required argument {sorted(missing)[0]!r} has no property")

@@ -1,0 +1,209 @@
+"""Chat templates modelled on each tool-calling family's published template (written here
+for the tests: the turn markers, where the tools are listed, how an assistant's calls and
+the tool results are rendered), and a manifest serving the tiny pair once per family.
+
+The templates follow their family in what the gateway depends on: the call syntax the
+model is taught (which `detect_format` reads), the roles that carry tool results (Llama's
+``ipython``, Mistral's ``[TOOL_RESULTS]`` with the call id, Granite's ``tool_response``,
+Qwen's ``<tool_response>`` in a user turn) and Mistral's refusal of call ids that are not
+9 characters. Turn markers are plain text for the tiny tokenizer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from tests.integration import tiny_models
+
+QWEN = """{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}# Tools
+
+You may call one or more functions to assist with the user query.
+
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+
+For each function call, return a json object with function name and arguments within \
+<tool_call></tool_call> XML tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'tool' %}{% if loop.first or loop.previtem.role != 'tool' %}<|im_start|>user\
+{% endif %}
+{{- '\\n' }}<tool_response>
+{{ m.content }}
+</tool_response>{% if loop.last or loop.nextitem.role != 'tool' %}<|im_end|>
+{% endif %}
+{%- elif not (tools and loop.first and m.role == 'system') %}<|im_start|>{{ m.role }}
+{% if m.content %}{{ m.content }}{% endif %}
+{%- for c in m.tool_calls or [] %}{% if m.content or not loop.first %}{{ '\\n' }}{% endif %}\
+<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% endif %}
+{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+LLAMA3 = """{{- '<|begin_of_text|>' }}<|start_header_id|>system<|end_header_id|>
+
+{% if tools %}Environment: ipython
+{% endif %}Cutting Knowledge Date: December 2023
+
+{% if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}<|eot_id|>
+{%- for m in messages %}
+{%- if m.role == 'system' %}
+{%- elif m.role == 'user' and tools and loop.index0 <= 1 %}<|start_header_id|>user<|end_header_id|>
+
+Given the following functions, please respond with a JSON for a function call with its \
+proper arguments that best answers the given prompt.
+
+Respond in the format {"name": function name, "parameters": dictionary of argument name \
+and its value}. Do not use variables.
+
+{% for tool in tools %}{{ tool | tojson }}
+
+{% endfor %}{{ m.content }}<|eot_id|>
+{%- elif m.tool_calls %}<|start_header_id|>assistant<|end_header_id|>
+
+{% for c in m.tool_calls %}{% if not loop.first %}; {% endif %}{"name": "{{ c.function.name }}", \
+"parameters": {{ c.function.arguments | tojson }}}{% endfor %}<|eom_id|>
+{%- elif m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>
+
+{% if m.content is mapping %}{{ m.content | tojson }}{% else %}{{ m.content }}{% endif %}<|eot_id|>
+{%- else %}<|start_header_id|>{{ m.role }}<|end_header_id|>
+
+{{ m.content }}<|eot_id|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}"""
+
+MISTRAL = """{%- set ns = namespace(last=-1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}\
+{% endfor %}
+{{- '<s>' }}
+{%- for m in messages %}
+{%- if m.role == 'user' %}
+{%- if tools and loop.index0 == ns.last %}\
+[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}\
+[INST] {{ m.content }}[/INST]
+{%- elif m.tool_calls %}[TOOL_CALLS] [
+{%- for c in m.tool_calls %}
+{%- if c.id is not string or c.id | length != 9 %}\
+{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}
+{%- if not loop.first %}, {% endif %}{"name": "{{ c.function.name }}", "arguments": \
+{{ c.function.arguments | tojson }}, "id": "{{ c.id }}"}
+{%- endfor %}]</s>
+{%- elif m.role == 'tool' %}
+{%- if m.tool_call_id | length != 9 %}\
+{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}\
+[TOOL_RESULTS] {"content": {{ m.content | tojson }}, "call_id": "{{ m.tool_call_id }}"}\
+[/TOOL_RESULTS]
+{%- elif m.role == 'assistant' %} {{ m.content }}</s>
+{%- endif %}
+{%- endfor %}"""
+
+GRANITE = """{%- if tools %}<|start_of_role|>available_tools<|end_of_role|>
+{% for tool in tools %}{{ tool | tojson(indent=4) }}
+{% endfor %}<|end_of_text|>
+{% endif %}<|start_of_role|>system<|end_of_role|>\
+{% if messages[0].role == 'system' %}{{ messages[0].content }}{% else %}You are Granite, \
+developed by IBM. You are a helpful AI assistant with access to the following tools. When a \
+tool is required to answer the user's query, respond with <|tool_call|> followed by a JSON \
+list of tools used.{% endif %}<|end_of_text|>
+{% for m in messages %}{% if m.role == 'system' %}
+{%- elif m.role == 'tool' %}<|start_of_role|>tool_response<|end_of_role|>{{ m.content }}\
+<|end_of_text|>
+{% elif m.tool_calls %}<|start_of_role|>assistant<|end_of_role|><|tool_call|>[
+{%- for c in m.tool_calls %}{% if not loop.first %}, {% endif %}{"name": \
+"{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}{% endfor %}]\
+<|end_of_text|>
+{% else %}<|start_of_role|>{{ m.role }}<|end_of_role|>{{ m.content }}<|end_of_text|>
+{% endif %}{% endfor %}
+{%- if add_generation_prompt %}<|start_of_role|>assistant<|end_of_role|>{% endif %}"""
+
+PYTHONIC = """{%- macro py(v) %}{% if v is sameas true %}True{% elif v is sameas false %}False\
+{% elif v is none %}None{% else %}{{ v | tojson }}{% endif %}{% endmacro -%}
+<|begin_of_text|><|header_start|>system<|header_end|>
+
+{% if tools %}You are an expert in composing functions. You are given a question and a set \
+of possible functions. Based on the question, you will need to make one or more function/tool \
+calls to achieve the purpose.
+If you decide to invoke any of the function(s), you MUST put it in the format of \
+[func_name1(params_name1=params_value1, params_name2=params_value2...), func_name2(params)]
+You SHOULD NOT include any other text in the response.
+Here is a list of functions in JSON format that you can invoke.
+{{ tools | tojson }}
+{% endif %}{% if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}<|eot|>
+{%- for m in messages %}
+{%- if m.role == 'system' %}
+{%- elif m.tool_calls %}<|header_start|>assistant<|header_end|>
+
+[{% for c in m.tool_calls %}{% if not loop.first %}, {% endif %}{{ c.function.name }}(
+{%- for k, v in c.function.arguments.items() %}{% if not loop.first %}, {% endif %}\
+{{ k }}={{ py(v) }}{% endfor %}){% endfor %}]<|eot|>
+{%- elif m.role == 'tool' %}<|header_start|>ipython<|header_end|>
+
+{{ m.content }}<|eot|>
+{%- else %}<|header_start|>{{ m.role }}<|header_end|>
+
+{{ m.content }}<|eot|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|header_start|>assistant<|header_end|>
+
+{% endif %}"""
+
+TEMPLATES = {
+    "hermes": QWEN,
+    "llama3_json": LLAMA3,
+    "mistral": MISTRAL,
+    "granite": GRANITE,
+    "pythonic": PYTHONIC,
+}
+"""Each family's template, by the format it teaches."""
+TAGS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "<|tool_call|>")
+"""The families' opening markers, added as whole tokens as their tokenizers have them."""
+DECLARED = "tiny-declared"
+"""A target whose template is the demo's ChatML (Hermes) but whose manifest declares
+``tool_format: mistral``."""
+
+
+def target(family: str) -> str:
+    """The model name serving ``family``'s template."""
+    return f"tiny-{family.replace('_', '-')}"
+
+
+def build(root: Path) -> Path:
+    """The tiny pair (every family's tag one token, 2,048-token context) served once per
+    family: target ``tiny-<family>`` with that family's template and the random draft for it
+    (so speculation rejects tokens), plus `DECLARED`. Returns the manifest's path."""
+    base = tiny_models.build(root / "base", context=2048, extra_tokens=TAGS)
+    raw = yaml.safe_load(base.read_text())["models"]
+    by_role = {e["role"] + e["version"]: e for e in raw}
+    entries = []
+    families = [(target(f), t, None) for f, t in TEMPLATES.items()]
+    families.append((DECLARED, tiny_models.CHAT_TEMPLATE, "mistral"))
+    for name, template, declared in families:
+        for role, source in (("target", by_role["target1"]), ("draft", by_role["draft2"])):
+            path = root / f"{name}-{role}"
+            shutil.copytree(base.parent / source["path"], path)
+            (path / "chat_template.jinja").write_text(template)
+            entry = {**source, "name": f"{name}-{role}" if role == "draft" else name}
+            entry.update(version="1", path=path.name)
+            if role == "draft":
+                entry["target"] = name
+            elif declared:
+                entry["tool_format"] = declared
+            entries.append(entry)
+    manifest = root / "manifest.yaml"
+    manifest.write_text(yaml.safe_dump({"models": entries}, sort_keys=False))
+    return manifest
