@@ -32,7 +32,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.database.audit import merkle
-from gateway.database.audit.chain import GENESIS
+from gateway.database.audit.chain import EVENT_FIELDS, GENESIS, link
 from gateway.database.audit.leaves import leaf_from_hash
 from gateway.database.audit.log_tables import (
     CHECKPOINTS,
@@ -43,8 +43,8 @@ from gateway.database.audit.log_tables import (
 )
 from gateway.database.audit.note import Checkpoint, SignedNote, Signer, b64
 from gateway.database.audit.queries import to_json_ready
-from gateway.database.audit.types import AdminEvent, AuditUnavailable
-from gateway.database.base import utcnow
+from gateway.database.audit.types import AuditUnavailable
+from gateway.database.base import EVENTS_LOCK, chain_head, utcnow
 from gateway.database.store import Database
 from gateway.database.tables import ADMISSIONS, EVENTS, RECORDS
 
@@ -226,6 +226,29 @@ def _inclusion(
     }  # fmt: skip
 
 
+def _register_key(conn: Connection, signer: Signer, now: datetime, postgres: bool) -> None:
+    """A key not seen before is registered, and chained as an admin event (a rotation when
+    another key signed before) in the same transaction, so it is a leaf of the checkpoint
+    it signs."""
+    vkey = signer.verifier.vkey
+    stmt = select(SIGNING_KEYS.c.vkey).order_by(SIGNING_KEYS.c.added_at.desc())
+    known = [r[0] for r in conn.execute(stmt).all()]
+    if vkey in known:
+        return
+    key_id = signer.verifier.id.hex()
+    conn.execute(insert(SIGNING_KEYS), {"vkey": vkey, "key_id": key_id, "added_at": now})
+    if postgres:  # the admin events' chain lock, as every event append takes it
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": EVENTS_LOCK})
+    row: dict[str, Any] = {
+        "actor": KEY_ACTOR, "action": ROTATED if known else ADDED,
+        "subject": "audit_signing_keys", "before": {"vkey": known[0]} if known else None,
+        "after": {"vkey": vkey, "key_id": key_id}, "created_at": now,
+        "prev_hash": chain_head(conn, EVENTS.c.id, EVENTS.c.record_hash),
+    }  # fmt: skip
+    row["record_hash"] = link(row, EVENT_FIELDS, row["prev_hash"])
+    conn.execute(insert(EVENTS), row)
+
+
 class AuditLog:
     """The log of one database; ``signer`` (the log's key, its name the origin) is needed
     to sign checkpoints only: reading proofs and checkpoints takes none."""
@@ -246,29 +269,16 @@ class AuditLog:
         if signer is None:
             raise ValueError("this log has no signing key")
         stamp = (now or utcnow()).replace(microsecond=0)
-        try:
-            async with self.store._write() as conn:
-                if not self.store.is_sqlite:
-                    await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOG_LOCK})
-                await self._register_key(conn, signer, stamp)
-                return await conn.run_sync(lambda c: _sign(c, signer, stamp, limit))
+        postgres = not self.store.is_sqlite
+
+        def body(conn: Connection) -> Signed | None:
+            _register_key(conn, signer, stamp, postgres)
+            return _sign(conn, signer, stamp, limit)
+
+        try:  # one hand-off to the store's writer (SQLite: its own thread), under LOG_LOCK
+            return await self.store._transact(body, LOG_LOCK)
         except SQLAlchemyError as exc:
             raise AuditUnavailable(f"checkpoint failed: {exc}") from exc
-
-    async def _register_key(self, conn: Any, signer: Signer, now: datetime) -> None:
-        vkey = signer.verifier.vkey
-        stmt = select(SIGNING_KEYS.c.vkey).order_by(SIGNING_KEYS.c.added_at.desc())
-        known = [r[0] for r in (await conn.execute(stmt)).all()]
-        if vkey in known:
-            return
-        key_id = signer.verifier.id.hex()
-        await conn.execute(insert(SIGNING_KEYS), {"vkey": vkey, "key_id": key_id, "added_at": now})
-        before = {"vkey": known[0]} if known else None
-        event = AdminEvent(
-            KEY_ACTOR, ROTATED if known else ADDED, "audit_signing_keys", before,
-            {"vkey": vkey, "key_id": key_id}, now,
-        )  # fmt: skip
-        await self.store._append_event(conn, event)
 
     async def add_cosignature(self, checkpoint_id: int, witness: str, line: str) -> None:
         async with self.store._write() as conn:
