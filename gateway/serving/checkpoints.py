@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.database import AuditLog, Database, Signer, Verifier
-from gateway.database.audit.log import Signed
+from gateway.database.audit.log import SEQUENCE_BATCH, Signed
 from gateway.database.audit.note import SignedNote, generated_signer, load_signer
 from gateway.database.audit.witness import Witness, WitnessRequest
 
@@ -167,11 +167,14 @@ class CheckpointJob:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="checkpoints")
 
     async def _loop(self) -> None:
+        backlog = False
         while True:
-            await asyncio.sleep(min(POLL_S, self.interval_s))
+            await asyncio.sleep(0.05 if backlog else min(POLL_S, self.interval_s))
             try:
-                if await self._due():
-                    await self.run_once()
+                due, backlog = backlog or await self._due(), False
+                if due:
+                    signed = await self.run_once()
+                    backlog = signed is not None and signed.appended >= SEQUENCE_BATCH
                     self.status.error = None
             except Exception as exc:  # the database down, or a broken chain: say so, retry
                 self.status.error = str(exc)
