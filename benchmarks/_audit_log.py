@@ -43,10 +43,12 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-async def _writes(url: str, total: int, writers: int, mode: str, make: Any) -> float:
+async def _writes(url: str, total: int, writers: int, mode: str, make: Any) -> tuple[float, float]:
     """records/s for ``total`` records from ``writers`` lanes, beside: nothing (``off``),
     the gateway's checkpoint job with its default settings (``job``: 60 s or 1000 rows,
-    looked at every 2 s), or a checkpoint every CHECKPOINT_EVERY_S (``stress``)."""
+    looked at every 2 s), or a checkpoint every CHECKPOINT_EVERY_S (``stress``); and this
+    process's CPU milliseconds per 1000 records (steadier than wall time on a shared
+    machine; PostgreSQL's own CPU is not in it)."""
     store = await Database.connect(url)
     writer = AuditWriter(store, max_batch=64, max_delay_ms=5)
     await writer.start()
@@ -66,7 +68,7 @@ async def _writes(url: str, total: int, writers: int, mode: str, make: Any) -> f
     task = asyncio.create_task(stress()) if mode == "stress" else None
     if job is not None:
         job.start()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(lane(n) for n in range(writers)))
     elapsed = time.perf_counter() - start
     done.set()
@@ -74,17 +76,22 @@ async def _writes(url: str, total: int, writers: int, mode: str, make: Any) -> f
         await task
     if job is not None:
         await job.stop()
+        await log.checkpoint()  # what it had not signed yet: its share of the work
+    cpu = time.process_time() - cpu
     await writer.stop()
     await store.close()
-    return total / elapsed
+    return total / elapsed, cpu / total * 1e6
 
 
 async def throughput(url: str, make: Any, total: int, rounds: int) -> dict[str, Any]:
     await (await Database.connect(url, upgrade=True)).close()
     rates: dict[str, list[float]] = {"off": [], "job": [], "stress": []}
+    cpu: dict[str, list[float]] = {"off": [], "job": [], "stress": []}
     for _ in range(rounds):  # alternating, so drift on a shared machine hits all three
         for mode, seen in rates.items():
-            seen.append(await _writes(url, total, 32, mode, make))
+            rate, ms = await _writes(url, total, 32, mode, make)
+            seen.append(rate)
+            cpu[mode].append(ms)
     store = await Database.connect(url)
     log = AuditLog(store, KEY)
     t0 = time.perf_counter()
@@ -95,6 +102,8 @@ async def throughput(url: str, make: Any, total: int, rounds: int) -> dict[str, 
     off = statistics.median(rates["off"])
     return {
         **{f"records_per_s_{m}": [round(x, 1) for x in v] for m, v in rates.items()},
+        **{f"cpu_ms_per_1000_{m}": [round(x, 1) for x in v] for m, v in cpu.items()},
+        "cpu_ratio_job": round(statistics.median(cpu["job"]) / statistics.median(cpu["off"]), 3),
         "ratio_job": round(statistics.median(rates["job"]) / off, 3),
         "ratio_stress": round(statistics.median(rates["stress"]) / off, 3),
         "catch_up_s": round(catch_up, 3),

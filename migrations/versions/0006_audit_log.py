@@ -1,6 +1,7 @@
 """The verifiable log: audit_log_leaves (which chain row each leaf is, and its hash),
-audit_log_nodes (the Merkle tree's perfect subtrees above the leaves), audit_checkpoints (signed tree heads),
-audit_cosignatures (witnesses') and audit_signing_keys. All append-only, like the chains.
+audit_log_nodes (the Merkle tree's perfect subtrees above the leaves), audit_checkpoints
+(signed tree heads), audit_cosignatures (witnesses') and audit_signing_keys. All
+append-only, like the chains.
 
 Revision ID: 0006_audit_log
 Revises: 0005_admission_records
@@ -50,7 +51,7 @@ def _create_guards(table: str) -> None:
 def upgrade() -> None:
     op.create_table(
         "audit_log_leaves",
-        sa.Column("idx", sa.BigInteger(), autoincrement=False, nullable=False),
+        sa.Column("idx", BIG_ID, autoincrement=False, nullable=False),  # SQLite: the rowid
         sa.Column("kind", sa.String(16), nullable=False),
         sa.Column("source_id", sa.BigInteger(), nullable=False),
         sa.Column("hash", sa.LargeBinary(32), nullable=False),
@@ -66,6 +67,7 @@ def upgrade() -> None:
         sa.Column("idx", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("hash", sa.LargeBinary(32), nullable=False),
         sa.PrimaryKeyConstraint("level", "idx", name=op.f("pk_audit_log_nodes")),
+        sqlite_with_rowid=False,  # one B-tree: the (level, idx) key holds the hash
     )
     op.create_table(
         "audit_checkpoints",

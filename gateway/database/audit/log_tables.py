@@ -32,8 +32,8 @@ class LogLeafRow(Base):
         Index("ix_audit_log_leaves_kind_source_id", "kind", "source_id", unique=True),
     )
 
-    idx: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    """Position in the log, from 0, gapless."""
+    idx: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    """Position in the log, from 0, gapless (SQLite: the rowid, one B-tree fewer)."""
     kind: Mapped[str] = mapped_column(String(16))
     """admission | record | event: the chain (audit_admissions, audit_records,
     admin_events)."""
@@ -47,6 +47,7 @@ class LogNodeRow(Base):
     """The hash of one perfect subtree of the log."""
 
     __tablename__ = "audit_log_nodes"
+    __table_args__ = ({"sqlite_with_rowid": False},)  # SQLite: stored in its key's B-tree
 
     level: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
     """Height: k >= 1 for the subtree over 2**k leaves (leaf hashes are in the leaves)."""
