@@ -143,7 +143,8 @@ def _key(node: ast.expr | None) -> str:
 class ToolCallReader:
     """The incremental parser of one output in ``fmt`` (see the module docstring). States:
     text (answer text; ``start`` before anything for formats whose calls start the output),
-    head (a call's name), arguments, close (the call's closing), between (calls)."""
+    opening (after the tag), head (a call's name), arguments, close (the call's closing),
+    between (calls)."""
 
     fmt: ToolFormat = HERMES
     state: str = ""
@@ -169,13 +170,25 @@ class ToolCallReader:
     def _step(self, events: list[Event]) -> None:
         fmt = self.fmt
         if self.state == "text":
-            at = self.buf.find(fmt.trigger) if fmt.anywhere else -1
-            keep = _held(self.buf, fmt.trigger) if fmt.anywhere else 0
-            cut = at if at >= 0 else len(self.buf) - keep
-            self._content(self.buf[:cut], events)
-            self.buf = self.buf[cut:]
+            tag = fmt.tag if fmt.anywhere and fmt.tag else ""
+            at = self.buf.find(tag) if tag else -1
+            cut = at if at >= 0 else len(self.buf) - (_held(self.buf, tag) if tag else 0)
+            if cut:
+                self._content(self.buf[:cut], events)
+                self.buf = self.buf[cut:]
             if at >= 0:
-                self.buf, self.state = self.buf[len(fmt.trigger) :], "head"
+                self.state = "opening"
+        elif self.state == "opening":  # the tag, maybe a space, the rest of the opening
+            assert fmt.tag is not None
+            rest = self.buf[len(fmt.tag) :]
+            if fmt.tag_space and rest.startswith(" "):
+                rest = rest[1:]
+            after = fmt.trigger[len(fmt.tag) :]
+            if rest.startswith(after):
+                self.buf, self.state = rest[len(after) :], "head"
+            elif not after.startswith(rest):
+                self._content(self.buf[: len(fmt.tag)], events)  # only text (never from
+                self.buf, self.state = self.buf[len(fmt.tag) :], "text"  # the grammar)
         elif self.state == "start":  # formats whose calls start the output
             self._start()
         elif self.state == "head":
@@ -248,7 +261,7 @@ class ToolCallReader:
     def finish(self) -> list[Event]:
         """What was held back: answer text (a call cut short keeps the arguments sent)."""
         events: list[Event] = []
-        if self.state in ("text", "start"):
+        if self.state in ("text", "start", "opening"):
             self._content(self.buf, events)
         self.buf = ""
         return events

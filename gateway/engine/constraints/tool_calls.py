@@ -85,10 +85,13 @@ def _literal(text: str, fmt: ToolFormat, tag_id: int | None) -> str:
     (llguidance keeps added tokens apart from text, so the grammar must name them)."""
     if not text:
         return ""
-    if tag_id is None or fmt.tag is None or fmt.tag not in text:
+    if fmt.tag is None or fmt.tag not in text or (tag_id is None and not fmt.tag_space):
         return json.dumps(text)
+    tag = json.dumps(fmt.tag) if tag_id is None else f"<[{tag_id}]>"
+    if fmt.tag_space:
+        tag += ' " "?'
     parts = [json.dumps(p) if p else "" for p in text.split(fmt.tag)]
-    return f" <[{tag_id}]> ".join(parts).strip()
+    return f" {tag} ".join(parts).strip()
 
 
 def grammar_text(
@@ -131,7 +134,8 @@ def grammar_text(
             lines.append(f"start: TEXT | TEXT? {lit(fmt.tag)} {lit(after)} body{tail}")
         else:  # lazy: up to the first opening tag
             lines.append(f"start: TEXT | head body{tail}")
-            lines.append(f"head[lazy]: /(?s:.*){_escape(fmt.trigger)}/")
+            space = " ?" if fmt.tag_space else ""
+            lines.append(f"head[lazy]: /(?s:.*){_escape(fmt.tag)}{space}{_escape(after)}/")
         # the answer's text never holds the opening tag: writing it starts a call
         lines.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){_escape(fmt.tag)}(?s:.*)/")
     names = " | ".join(f"fn_{i}" for i in range(len(tools)))

@@ -11,8 +11,9 @@ hermes          ``<tool_call>\\n{"name":"f","arguments":{...}}\\n</tool_call>`` 
                 calls separated by a newline (Hermes, Qwen2.5, Qwen3, the demo template)
 llama3_json     ``{"name":"f","parameters":{...}}``, calls separated by ``;``, at the start
                 of the output, optionally after ``<|python_tag|>`` (Llama 3.1 to 3.3)
-mistral         ``[TOOL_CALLS][{"name":"f","arguments":{...}},...]`` (Mistral, Mixtral)
-granite         ``<|tool_call|>[{"name":"f","arguments":{...}},...]`` (Granite 3.x)
+mistral         ``[TOOL_CALLS][{"name":"f","arguments":{...}}, ...]`` (a space may follow
+                the tag: Mistral v0.3 writes one; Mistral, Mixtral, Ministral, Nemo)
+granite         ``<|tool_call|>[{"name":"f","arguments":{...}}, ...]`` (Granite 3.x)
 pythonic        ``[f(city="Paris", days=3), g()]`` at the start of the output, arguments
                 as Python literals (Llama 4, Llama 3.2 pythonic, ToolACE, ...)
 ==============  ===========================================================================
@@ -63,6 +64,9 @@ class ToolFormat:
     """An optional marker before the opening (Llama's ``<|python_tag|>``)."""
     id_length: int | None = None
     """Call ids of exactly this many letters and digits (Mistral's templates refuse others)."""
+    tag_space: bool = False
+    """One space may follow the tag (Mistral v0.3 writes ``[TOOL_CALLS] [``, later Mistral
+    models ``[TOOL_CALLS][``): the grammar lets the model write the one it learned."""
 
     @property
     def python(self) -> bool:
@@ -96,9 +100,10 @@ LLAMA3_JSON: Final = ToolFormat(
     prefix="<|python_tag|>",
 )  # fmt: skip
 MISTRAL: Final = ToolFormat(
-    "mistral", "[TOOL_CALLS][", "", "}", ",", "]", "[TOOL_CALLS]", True, id_length=9
-)
-GRANITE: Final = ToolFormat("granite", "<|tool_call|>[", "", "}", ",", "]", "<|tool_call|>", True)
+    "mistral", "[TOOL_CALLS][", "", "}", ", ", "]", "[TOOL_CALLS]", True, id_length=9,
+    tag_space=True,
+)  # fmt: skip
+GRANITE: Final = ToolFormat("granite", "<|tool_call|>[", "", "}", ", ", "]", "<|tool_call|>", True)
 PYTHONIC: Final = ToolFormat("pythonic", "[", "", ")", ", ", "]", None, False, "")
 FORMATS: Final[dict[str, ToolFormat]] = {
     f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, GRANITE, PYTHONIC)

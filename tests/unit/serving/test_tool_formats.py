@@ -176,6 +176,19 @@ def test_auto_allows_text_and_triggers_on_the_formats_opening(tok: Any, fmt: str
         assert _accepts(tok, fmt, "auto", "<|python_tag|>" + one) == (True, True)
 
 
+def test_mistral_takes_the_tag_with_and_without_a_space(tok: Any) -> None:
+    """Mistral v0.3 writes ``[TOOL_CALLS] [``, later Mistral models ``[TOOL_CALLS][``."""
+    spaced = two_calls("mistral").replace("[TOOL_CALLS][", "[TOOL_CALLS] [")
+    for mode in ("required", "auto"):
+        assert _accepts(tok, "mistral", mode, spaced) == (True, True)
+        # two spaces: refused, or (the tag as text, auto) never a complete output
+        assert _accepts(tok, "mistral", mode, spaced.replace("] [", "]  [")) != (True, True)
+    assert _accepts(tok, "granite", "required", "<|tool_call|> [")[0] is False
+    mistral = FORMATS["mistral"]
+    assert read_calls("ok " + spaced, mistral)[1] == read_calls(two_calls("mistral"), mistral)[1]
+    assert read_calls("ok [TOOL_CALLS]  [", mistral) == ("ok [TOOL_CALLS]  [", [])
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_random_walks_through_a_forced_grammar_give_valid_calls(fmt: str) -> None:
     """Any path the mask allows on the demo tokenizer (its own chat template swapped for the
