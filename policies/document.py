@@ -91,6 +91,13 @@ class Fairness:
 
 
 @dataclass(frozen=True)
+class ReasoningRule:
+    max_tokens: int | None
+    """Most thinking tokens a thinking model may write before its answer (None: no cap);
+    past it the end of the thinking is forced (gateway/serving/reasoning.py)."""
+
+
+@dataclass(frozen=True)
 class TokenLists:
     allowed_token_ids: tuple[int, ...]
     """Empty: no allow-list."""
@@ -112,6 +119,7 @@ class TenantPolicy:
     rate_limits: RateLimits
     tokens: TokenLists
     fairness: Fairness
+    reasoning: ReasoningRule
 
 
 def parse_policy(doc: Mapping[str, Any]) -> TenantPolicy:
@@ -169,6 +177,7 @@ def parse_policy(doc: Mapping[str, Any]) -> TenantPolicy:
             max_rows=doc["fairness"]["max_rows"],
             max_queued=doc["fairness"]["max_queued"],
         ),
+        reasoning=ReasoningRule(max_tokens=doc["reasoning"]["max_tokens"]),
     )
 
 

@@ -105,6 +105,7 @@ def _document_properties() -> dict[str, Schema]:
                 "max_queued": CAP,
             }
         ),
+        "reasoning": _obj({"max_tokens": CAP}),
     }
 
 

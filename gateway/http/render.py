@@ -9,19 +9,22 @@ from typing import Any
 
 from gateway.engine import DecodeResult, TokenLogprob
 from gateway.serving.generation import Generation
+from gateway.serving.reasoning import ReasoningReader
+from gateway.serving.reasoning import split as split_reasoning
 from gateway.serving.tool_output import Event, ParsedCall, ToolCallReader, format_of, read_calls
 
 
 def usage(gen: Generation, result: DecodeResult | None) -> dict[str, Any]:
     completion = len(result.token_ids) if result else 0
     stats = result.stats if result else None
+    thinking = gen.reasoning_tokens()
     return {
         "prompt_tokens": len(gen.prompt_ids),
         "completion_tokens": completion,
         "total_tokens": len(gen.prompt_ids) + completion,
         "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens if stats else 0},
         "completion_tokens_details": {
-            "reasoning_tokens": 0,
+            "reasoning_tokens": thinking,
             "accepted_prediction_tokens": stats.accepted if stats else 0,
             "rejected_prediction_tokens": stats.rejected if stats else 0,
         },
@@ -80,10 +83,12 @@ def call_id(gen: Generation, index: int, choice: int = 0) -> str:
 def _message(
     gen: Generation, result: DecodeResult, index: int
 ) -> tuple[dict[str, Any], list[ParsedCall]]:
+    thought, answer = split_reasoning(result.text, gen.prepared.reasoning)
     if not gen.calls_tools:
-        return {"role": "assistant", "content": result.text, "refusal": None}, []
-    content, calls = read_calls(result.text, format_of(gen.prepared.schema))
-    message: dict[str, Any] = {"role": "assistant", "content": content or None, "refusal": None}
+        message = {"role": "assistant", "content": answer, "refusal": None}
+        return _thinking(message, thought), []
+    content, calls = read_calls(answer, format_of(gen.prepared.schema))
+    message = _thinking({"role": "assistant", "content": content or None, "refusal": None}, thought)
     if calls:
         message["tool_calls"] = [
             {
@@ -94,6 +99,14 @@ def _message(
             for i, c in enumerate(calls)
         ]
     return message, calls
+
+
+def _thinking(message: dict[str, Any], thought: str | None) -> dict[str, Any]:
+    """A thinking model's message carries its thinking apart (`reasoning_content`, as
+    vLLM, SGLang and DeepSeek's API return it); other models' messages are unchanged."""
+    if thought is not None:
+        message["reasoning_content"] = thought
+    return message
 
 
 def response_id(gen: Generation) -> str:
@@ -144,6 +157,10 @@ class ChunkWriter:
         self.offset = [0] * n
         fmt = format_of(gen.prepared.schema)
         self.readers = [ToolCallReader(fmt) for _ in range(n)] if gen.calls_tools else None
+        thinks = gen.prepared.reasoning
+        self.thinking = (
+            [ReasoningReader(inside=thinks.inside) for _ in range(n)] if thinks else None
+        )
         self.held: list[list[TokenLogprob]] = [[] for _ in range(n)]
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -170,10 +187,37 @@ class ChunkWriter:
         self, index: int, text: str, logprobs: Sequence[TokenLogprob]
     ) -> list[dict[str, Any]]:
         """The chunks of one engine delta: one, or with tools one per content / call /
-        arguments event (none while the reader holds back a possible tag)."""
+        arguments event (none while the reader holds back a possible tag); a thinking
+        model's thinking as `reasoning_content` deltas first."""
+        if self.thinking is None:
+            return self._answer(index, text, logprobs)
+        chunks: list[dict[str, Any]] = []
+        for kind, part in self.thinking[index].feed(text):
+            if kind == "reasoning":
+                chunks.append(self._reasoning(index, part, logprobs))
+            else:
+                chunks += self._answer(index, part, logprobs)
+            logprobs = ()  # the delta's logprobs go with its first chunk
+        if not chunks:
+            self.held[index].extend(logprobs)
+        return chunks
+
+    def _answer(
+        self, index: int, text: str, logprobs: Sequence[TokenLogprob]
+    ) -> list[dict[str, Any]]:
         if self.readers is None:
-            return [self.delta(index, text, logprobs)]
+            held, self.held[index] = self.held[index], []
+            return [self.delta(index, text, [*held, *logprobs])]
         return self._events(index, self.readers[index].feed(text), logprobs)
+
+    def _reasoning(self, index: int, text: str, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        want = self.gen.command.sampling.logprobs
+        held, self.held[index] = self.held[index], []
+        lp = chat_logprobs([*held, *logprobs]) if want else None
+        delta = {"reasoning_content": text}
+        return self._chunk(
+            [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": None}]
+        )
 
     def _events(
         self, index: int, events: list[Event], logprobs: Sequence[TokenLogprob]
@@ -224,6 +268,12 @@ class ChunkWriter:
         for index, c in enumerate(self.gen.choices):
             assert c.result is not None
             calls: list[ParsedCall] = []
+            if self.thinking is not None:
+                for kind, part in self.thinking[index].finish():
+                    if kind == "reasoning":
+                        chunks.append(self._reasoning(index, part, ()))
+                    else:
+                        chunks += self._answer(index, part, ())
             if self.readers is not None:
                 chunks += self._events(index, self.readers[index].finish(), ())
                 calls = self.readers[index].calls

@@ -57,6 +57,8 @@ class Plan:
     retention_days: int
     ewma_alpha: float
     fairness: Fairness
+    reasoning_budget: int | None = None
+    """Most thinking tokens before the answer (the tenant's reasoning.max_tokens)."""
 
 
 DraftChooser = Callable[[str, str, str, Callable[[str], bool]], str | None]
@@ -221,6 +223,7 @@ class PolicyService:
             retention_days=policy.payload_retention_days,
             ewma_alpha=policy.auto.ewma_alpha,
             fairness=policy.fairness,
+            reasoning_budget=policy.reasoning.max_tokens,
         )
 
     def limits_for(self, tenant: str) -> Limits:

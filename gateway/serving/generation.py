@@ -47,6 +47,9 @@ from gateway.serving.prepare import (
     prepare,
 )
 from gateway.serving.ratelimit import Limiter, Quota, Ticket
+from gateway.serving.reasoning import grammar as thinking_first
+from gateway.serving.reasoning import reasoning_tokens
+from gateway.serving.reasoning import split as split_reasoning
 from gateway.serving.recorder import Observed, Recorder
 from gateway.serving.rollouts import RolloutTraffic
 from gateway.serving.tool_output import ParsedCall, check_output, format_of, read_calls
@@ -142,8 +145,17 @@ class Generation:
         if not self.calls_tools:
             return []
         fmt = format_of(self.prepared.schema)
-        texts = [c.result.text for c in self.choices if c.result]
+        texts = [self.answer(c.result.text) for c in self.choices if c.result]
         return [call for text in texts for call in read_calls(text, fmt)[1]]
+
+    def reasoning_tokens(self) -> int:
+        """Thinking tokens of the finished choices, the tags included (0: no thinking)."""
+        thinks = self.prepared.reasoning
+        return sum(reasoning_tokens(c.result.token_ids, thinks) for c in self.choices if c.result)
+
+    def answer(self, text: str) -> str:
+        """An output's answer: the text after a thinking model's thinking."""
+        return split_reasoning(text, self.prepared.reasoning)[1]
 
     def headers(self) -> dict[str, str]:
         h = {
@@ -188,13 +200,13 @@ class Generation:
         the mask already guarantees it). Cut short (length, stop string): no claim is made.
         Validation runs off the event loop, within a time budget (tool_output.check_output)."""
         grammar = choice.grammar
-        if grammar is None or not grammar.is_complete():
-            return
+        if self.prepared.compiled is None or grammar is None or not grammar.is_complete():
+            return  # no response_format or tools (a thinking cap alone is no constraint)
         schema = self.prepared.schema
         tools = schema["tools"] if self.calls_tools and schema is not None else None
         try:
             async with helper_threads.hold(self.principal.tenant_id):
-                await check_output(result.text, schema, tools)
+                await check_output(self.answer(result.text), schema, tools)
         except ConstraintError as exc:
             raise GatewayError(
                 "internal",
@@ -428,6 +440,8 @@ class GenerationService:
                 grammar = prepared.grammar
                 if i and prepared.compiled is not None:
                     grammar = prepared.compiled.new()
+                # a thinking model: the grammar constrains the answer, the policy caps the thinking
+                grammar = thinking_first(grammar, prepared.reasoning, plan.reasoning_budget)
                 request = DecodeRequest(
                     prompt_ids=prepared.prompt_ids,
                     sampling=replace(
