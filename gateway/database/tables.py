@@ -202,6 +202,9 @@ class AuditRecordRow(Base):
     """The ``audit_admissions`` row this record completes (written before the request's
     first output byte); null for a request refused before admission and for records older
     than revision 0005_admission_records. Hashed into the chain when set."""
+    reasoning_tokens: Mapped[int | None] = mapped_column(Integer)
+    """A thinking model's thinking tokens, tags included (null: the model does not think);
+    hashed into the chain when set (revision 0007_reasoning_tokens)."""
     prev_hash: Mapped[str] = mapped_column(String(64))
     """record_hash of the previous record (64 zeros for the first)."""
     record_hash: Mapped[str] = mapped_column(String(64), unique=True)

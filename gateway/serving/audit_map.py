@@ -90,6 +90,7 @@ def served_record(
     first_token_at: float | None,
     tool_names: tuple[str, ...] = (),
     admission_id: int | None = None,
+    reasoning_tokens: int | None = None,
 ) -> RequestRecord:
     stats = result.stats if result else None
     speculative = decision.mode == "speculative"
@@ -111,6 +112,7 @@ def served_record(
         tool_calls=len(tool_names) if cmd.constraint == "tools" else None,
         tool_names=tool_names if cmd.constraint == "tools" else None,
         admission_id=admission_id,
+        reasoning_tokens=reasoning_tokens,
     )
 
 

@@ -342,6 +342,7 @@ class GenerationService:
             first_token_at=gen.first_token_at,
             tool_names=tuple(c.name for c in gen.tool_calls()),
             admission_id=gen.admission_id,
+            reasoning_tokens=gen.reasoning_tokens() if gen.prepared.reasoning else None,
         )  # fmt: skip
         payload = None
         if gen.plan.retention_days > 0:

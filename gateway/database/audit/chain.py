@@ -36,16 +36,18 @@ RECORD_FIELDS: tuple[str, ...] = (
     "draft_sha256", "k_min", "k_max", "drafted_tokens", "accepted_tokens", "temperature",
     "top_p", "top_k", "seed", "constraint", "constraint_sha256", "prompt_tokens",
     "completion_tokens", "latency_ms", "ttft_ms", "prompt_sha256", "completion_sha256",
-    "user_sha256", "tool_calls", "tool_names", "trace_id", "admission_id",
+    "user_sha256", "tool_calls", "tool_names", "trace_id", "admission_id", "reasoning_tokens",
 )  # fmt: skip
 """Hashed fields of ``audit_records`` (besides ``prev_hash``)."""
 
-HASHED_WHEN_SET = frozenset({"user_sha256", "tool_calls", "tool_names", "trace_id", "admission_id"})
+HASHED_WHEN_SET = frozenset(
+    {"user_sha256", "tool_calls", "tool_names", "trace_id", "admission_id", "reasoning_tokens"}
+)
 """Fields added after revision 0001: hashed only when not null, so records written before
 the columns existed keep their hashes. ``trace_id`` (revision 0004_trace_id) is hashed when
 set, so the link from a record to its trace is as tamper-evident as the record; so is
 ``admission_id`` (revision 0005_admission_records), the link from a final record to the
-admission it completes."""
+admission it completes; so is ``reasoning_tokens`` (revision 0007_reasoning_tokens)."""
 
 ADMISSION_FIELDS: tuple[str, ...] = (
     "request_id", "tenant_id", "key_id", "endpoint", "created_at", "decision_id", "mode",

@@ -85,6 +85,8 @@ class RequestRecord:
     admission_id: int | None = None
     """The admission this final record completes (``Admission``, written before the
     request's first output byte); None for a request refused before admission."""
+    reasoning_tokens: int | None = None
+    """A thinking model's thinking tokens, tags included; None: the model does not think."""
 
     def __post_init__(self) -> None:
         _check(100 <= self.status <= 599, f"status {self.status} is not an HTTP status")
@@ -103,6 +105,10 @@ class RequestRecord:
         )
         for name in ("drafted_tokens", "accepted_tokens", "prompt_tokens", "completion_tokens"):
             _check(getattr(self, name) >= 0, f"{name} must be >= 0")
+        _check(
+            self.reasoning_tokens is None or 0 <= self.reasoning_tokens <= self.completion_tokens,
+            "reasoning_tokens must be between 0 and completion_tokens",
+        )
         _check(
             self.accepted_tokens <= self.drafted_tokens,
             "accepted_tokens cannot exceed drafted_tokens",

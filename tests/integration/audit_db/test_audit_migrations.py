@@ -86,4 +86,4 @@ def test_alembic_cli_reads_url_from_x_argument(tmp_path: Path) -> None:
         [*alembic, "upgrade", "head"], check=True, env=env, cwd=ROOT, capture_output=True
     )
     out = subprocess.run([*alembic, "current"], check=True, env=env, cwd=ROOT, capture_output=True)
-    assert b"0006_audit_log (head)" in out.stdout
+    assert b"0007_reasoning_tokens (head)" in out.stdout

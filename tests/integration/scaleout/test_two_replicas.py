@@ -82,7 +82,7 @@ async def test_both_came_up_on_one_migrated_database(pair: list[Replica], pg_url
             version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
     finally:
         await engine.dispose()
-    assert [v for (v,) in version] == ["0006_audit_log"]
+    assert [v for (v,) in version] == ["0007_reasoning_tokens"]
     for r in pair:
         assert httpx.get(f"{r.url}/ready").json()["ready"] is True
 

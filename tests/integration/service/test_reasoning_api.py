@@ -73,6 +73,10 @@ async def test_the_thinking_comes_apart_and_the_schema_holds_the_answer(gw: Gate
     jsonschema.validate(json.loads(message["content"]), PERSON)
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == CAP + 2
+    record = next(x for x in await gw.records() if x["request_id"] == r.headers["x-request-id"])
+    assert record["reasoning_tokens"] == CAP + 2  # in the audit record, hashed into the chain
+    verify = await gw.client.get("/audit/verify", headers=ADMIN)
+    assert verify.json()["ok"] is True
 
 
 async def test_a_stream_carries_the_same_thinking_and_answer(gw: Gateway) -> None:
@@ -114,3 +118,5 @@ async def test_an_answer_without_thinking_has_no_reasoning(gw: Gateway) -> None:
     message = r.json()["choices"][0]["message"]
     assert message.get("reasoning_content") is None
     assert r.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+    record = next(x for x in await gw.records() if x["request_id"] == r.headers["x-request-id"])
+    assert record["reasoning_tokens"] == 0  # a thinking model that did not think this time
