@@ -1,7 +1,9 @@
-"""Command-line client of the gateway's admin API (standard library only).
+"""Command-line client of the gateway's admin API (HTTP through the standard library), and the
+manifest entry of a local model directory.
 
     python -m models_registry models list
     python -m models_registry models register --dir D --name N --version V --role draft --target T
+    python -m models_registry models entry --dir D --name N --role target   (offline)
     python -m models_registry rollouts list | show ID | promote|pause|resume|rollback ID
     python -m models_registry rollouts start --target T --draft D --version V \\
         --canary-percent P [--sticky] [--guard-json '{"min_samples": 200}' | @guard.json]
@@ -24,8 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from models_registry.errors import InvalidConfig
+import yaml
+
+from models_registry.errors import InvalidConfig, RegistryError
 from models_registry.guard import Guard
+from models_registry.weights import read_config, sha256_files, weights_info
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -110,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     reg.add_argument("--version", required=True)
     reg.add_argument("--role", required=True, choices=["target", "draft"])
     reg.add_argument("--target", help="target model name (drafts)")
+    entry = models_cmd.add_parser(
+        "entry", help="print the manifest entry of a local model directory (offline: its "
+        "checksum, architecture and size; no gateway needed)",
+    )  # fmt: skip
+    entry.add_argument("--dir", required=True, help="model directory")
+    entry.add_argument("--name", required=True)
+    entry.add_argument("--version", default="1")
+    entry.add_argument("--role", required=True, choices=["target", "draft"])
+    entry.add_argument("--target", help="target model name (drafts)")
 
     rollouts = groups.add_parser("rollouts", help="draft rollouts")
     ro_cmd = rollouts.add_subparsers(dest="command", required=True)
@@ -124,6 +138,26 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--sticky", action="store_true", help="split by tenant, not request")
     start.add_argument("--guard-json", help="guard thresholds as JSON, or @file")
     return parser
+
+
+def manifest_entry(args: argparse.Namespace) -> str:
+    """The YAML of one manifest entry for ``args.dir``: its weights' SHA-256 (the file, or
+    the shards concatenated in name order, as the gateway checks them at load) and what its
+    config and weights say of it."""
+    if args.role == "draft" and not args.target:
+        raise InvalidConfig("--target is required for --role draft")
+    where = Path(args.dir).expanduser().resolve()
+    info, cfg = weights_info(where), read_config(where)
+    entry: dict[str, object] = {
+        "name": args.name, "version": str(args.version), "role": args.role,
+        "path": str(where), "sha256": sha256_files(info.files),
+    }  # fmt: skip
+    if args.target:
+        entry["target"] = args.target
+    extra = {"architecture": cfg.architecture, "layers": cfg.layers, "hidden": cfg.hidden,
+             "parameters": info.parameters, "dtype": info.dtype}  # fmt: skip
+    entry.update({k: v for k, v in extra.items() if v is not None})
+    return yaml.safe_dump({"models": [entry]}, sort_keys=False)
 
 
 def request_for(args: argparse.Namespace) -> tuple[str, str, object]:
@@ -168,6 +202,13 @@ def main(
 ) -> int:
     out, err = stdout or sys.stdout, stderr or sys.stderr
     args = build_parser().parse_args(argv)
+    if args.group == "models" and args.command == "entry":
+        try:
+            print(manifest_entry(args), file=out, end="")
+        except (RegistryError, InvalidConfig, OSError) as exc:
+            print(f"error: {exc}", file=err)
+            return 1
+        return 0
     try:
         method, path, payload = request_for(args)
         result = call(args.url, args.admin_key, method, path, payload)
