@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
+from gateway.engine.backends.base import slot_cache
 from gateway.engine.batch.forward import batched_forward
-from gateway.engine.batch.slots import SlotCache
 from gateway.engine.models import LoadedModel, cache_kwarg
 
 WEIGHT = 0.2  # EWMA weight of a new observation
@@ -165,13 +165,12 @@ def probe(
     costs = ForwardCosts()
     model, kwarg, dev = lm.model, cache_kwarg(lm.model), lm.device
     context = max(1, min(context, lm.context_length - max(tokens)))
-    layers = int(model.config.num_hidden_layers)
     buckets = sorted({row_bucket(r) for r in range(1, max_rows + 1)})
     fast = lm.compiled
     if fast is None or fast.buffers is None:
-        cache = SlotCache(layers, buckets[-1], context + max(tokens))
+        cache = slot_cache(model, buckets[-1], context + max(tokens))
     else:  # the batch's own buffers: the compiled step takes their sizes as constants
-        cache = fast.slot_cache(layers, lm.context_length)
+        cache = fast.slot_cache(int(model.config.num_hidden_layers), lm.context_length)
     # A bucket past the cache's slots (6 rows: bucket 8) is timed at the rows it has.
     rows_list = sorted({min(b, cache.slots) for b in buckets})
     top = rows_list[-1]

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
+from gateway.engine.backends.base import slot_cache
 from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.batch.prefix import PrefixCache
@@ -63,8 +64,8 @@ class DraftBatch:
     ) -> None:
         self.draft = draft
         self.costs = ForwardCosts() if costs is None else costs  # observed on every step
-        layers = int(draft.model.config.num_hidden_layers)
-        self.cache = SlotCache(layers, max_rows, draft.context_length, pad=max(pad, SHORT_FEED))
+        pad = max(pad, SHORT_FEED)
+        self.cache = slot_cache(draft.model, max_rows, draft.context_length, pad=pad)
         self._kwarg = cache_kwarg(draft.model)
         self.members: dict[int, SlotKV] = {}  # id(proposer) -> its slot
         self.prefixes = PrefixCache(self.cache)  # prompt prefixes kept in free draft slots

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gateway.engine.backends.base import BackendCache
 from gateway.engine.batch.decoder import kept_rows
 from gateway.engine.batch.masks import AttentionLayout, attention_layout, layer_masks, visible
 from gateway.engine.batch.slots import SlotCache
@@ -49,6 +50,10 @@ def batched_forward(
     on CUDA as captured graphs, engine/graphs.py);
     the others run `decoder`, the lean forward (batch/decoder.py: the same logits as the
     model's forward, less overhead), or without one the model's own forward."""
+    if isinstance(cache, BackendCache):  # a backend keeps the KV (engine/backends/base.py)
+        if head is not None:
+            raise ValueError("a backend's model has no reduced drafting head")
+        return cache.forward(slots, tokens, keep_last, logits=not backbone)
     b = len(slots)
     lengths = [len(x) for x in tokens]
     t = max(lengths)

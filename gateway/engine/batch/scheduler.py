@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gateway.engine.backends.base import slot_cache
 from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.drafting import DraftBatch
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.batch.kchoice import choose_batch_k, explore_offset
 from gateway.engine.batch.prefix import PrefixCache
-from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK, SlotCache, slot_pad
+from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK, slot_pad
 from gateway.engine.loop import (
     NO_PROPOSAL,
     LoopConfig,
@@ -112,13 +113,12 @@ class Batch:
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         self.prefill_budget = max(prefill_chunk, prefill_budget)
-        layers = int(target.model.config.num_hidden_layers)
         if prefill_chunk < 1:
             raise ValueError(f"a prefill chunk is at least one token, got {prefill_chunk}")
         # The buffers' shape: a compiled step is built for it (engine/compiled.py,
         # batch_buffers; the gateway compiles with this chunk's pad).
         self.pad = slot_pad(prefill_chunk)
-        self.cache = SlotCache(layers, max_rows, target.context_length, pad=self.pad)
+        self.cache = slot_cache(target.model, max_rows, target.context_length, pad=self.pad)
         self.prefixes = PrefixCache(self.cache)  # prompt prefixes kept in free slots
         self._kwarg = cache_kwarg(target.model)
         self.rows: list[Row] = []
