@@ -118,3 +118,41 @@ def test_range_nodes_tile_the_right_edge() -> None:
     assert merkle.frontier_nodes(0) == []
     with pytest.raises(ValueError):
         merkle.range_nodes(1, 5)
+
+
+# The known answers of Certificate Transparency's Merkle tree tests (the RFC 6962 / 9162
+# reference data that transparency-dev/merkle and certificate-transparency-go test with).
+CT_LEAVES = ["", "00", "10", "2021", "3031", "40414243", "5051525354555657",
+             "606162636465666768696a6b6c6d6e6f"]  # fmt: skip
+CT_ROOTS = [
+    "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d",
+    "fac54203e7cc696cf0dfcb42c92a1d9dbaf70ad9e621f4bd8d98662f00e3c125",
+    "aeb6bcfe274b70a14fb067a5e5578264db0fa9b51af5e0ba159158f329e06e77",
+    "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7",
+    "4e3bbb1f7b478dcfe71fb631631519a3bca12c9aefca1612bfce4c13a86264d4",
+    "76e67dadbcdf1e10e1b74ddc608abd2f98dfb16fbce75277b5232a127f2087ef",
+    "ddb89be403809e325750d3d263cd78929c2942b7942a34b77e122c9594a74c8c",
+    "5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328",
+]
+CT_PATH_0_OF_8 = [
+    "96a296d224f285c67bee93c30f8a309157f0daa35dc5b87e410b78630a09cfc7",
+    "5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
+    "6b47aaf29ee3c2af9af889bc1fb9254dabd31177f16232dd6aab035ca39bf6e4",
+]
+CT_CONSISTENCY_6_TO_8 = [
+    "0ebc5d3437fbe2db158b9f126a1d118e308181031d0a949f8dededebc558ef6a",
+    "ca854ea128ed050b41b35ffc1b87b8eb2bde461e9e3b5596ece6b9d5975a0ae0",
+    "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7",
+]
+
+
+def test_certificate_transparency_known_answers() -> None:
+    t = MemoryTree()
+    for i, leaf in enumerate(CT_LEAVES):
+        t.append(leaf_hash(bytes.fromhex(leaf)))
+        assert t.root().hex() == CT_ROOTS[i], i + 1
+    assert [h.hex() for h in inclusion_proof(0, 8, t.source)] == CT_PATH_0_OF_8
+    assert [h.hex() for h in consistency_proof(1, 8, t.source)] == CT_PATH_0_OF_8
+    assert [h.hex() for h in consistency_proof(6, 8, t.source)] == CT_CONSISTENCY_6_TO_8
+    six, eight = bytes.fromhex(CT_ROOTS[5]), bytes.fromhex(CT_ROOTS[7])
+    verify_consistency(6, 8, six, eight, [bytes.fromhex(h) for h in CT_CONSISTENCY_6_TO_8])

@@ -133,3 +133,28 @@ def test_witness_request_body_round_trips() -> None:
     assert WitnessRequest.parse(req.body()) == req
     with pytest.raises(WitnessRefusal):
         WitnessRequest.parse("new 7\n\nnote")
+
+
+# The example of Go's golang.org/x/mod/sumdb/note (its package documentation and
+# ExampleOpen / ExampleSign): the reference the C2SP signed-note format comes from.
+GO_SKEY = "PRIVATE+KEY+PeterNeumann+c74f20a3+AYEKFALVFGyNhPJEMzD1QIDr+Y7hfZx09iUvxdXHKDFz"
+GO_VKEY = "PeterNeumann+c74f20a3+ARpc2QcUPDhMQegwxbzhKqiBfsVkmqq/LDE4izWy10TW"
+GO_TEXT = (
+    "If you think cryptography is the answer to your problem,\n"
+    "then you don't know what your problem is.\n"
+)
+GO_LINE = (
+    "\u2014 PeterNeumann x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvq"
+    "fqdngotpRZb6KE6RyyBwJnAM=\n"
+)
+
+
+def test_go_sumdb_notes_example_verifies_and_signs_byte_for_byte() -> None:
+    verifier = Verifier.parse(GO_VKEY)
+    assert SignedNote.parse(GO_TEXT + "\n" + GO_LINE).open([verifier]) == verifier
+    signer = Signer.parse(GO_SKEY)
+    assert signer.verifier.vkey == GO_VKEY  # the key id computed as Go computes it
+    assert signer.sign_line(GO_TEXT) == GO_LINE  # Ed25519 is deterministic
+    tampered = GO_TEXT.replace("problem,", "problem;") + "\n" + GO_LINE
+    with pytest.raises(NoteError):
+        SignedNote.parse(tampered).open([verifier])
