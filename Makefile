@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 NATIVE  := $(VENV)/.native
 
-.PHONY: run test check lint format fuzz bench train-demo clean browser
+.PHONY: run test check lint format fuzz bench train-demo clean browser docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,11 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy gateway/engine gateway/database gateway/serving gateway/costmodel.py gateway/limits.py \
 		policies models_registry
+
+# The docs as a site (MkDocs, mkdocs.yml) in var/site/; --strict: a broken link or anchor
+# fails (tests/unit/test_docs_hygiene.py builds it in make test too).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -6,11 +6,11 @@ parting is a near tie (issue 14's exactness, on whatever CPU this runs on).
 
 Why it is needed: a BLAS picks its kernel by the shape of a product, and the attention
 kernel splits its work by the shape of the batch, so a row's logits can depend in the last
-bits on how many rows and tokens share its forward. On the AMD EPYC with AVX-512 this
-project started on, no run ever showed it; on an AMD EPYC with AVX2, MKL rounds a row of a
-linear layer in products of 1, 2-3 and 4+ rows differently (`blas_row_classes` below) and
+bits on how many rows and tokens share its forward. Whether it does depends on the CPU and
+its BLAS: on some machines no run shows it, on others MKL rounds a row of a linear layer in
+products of 1, 2-3 and 4+ rows differently (`blas_row_classes` below) and
 scaled_dot_product_attention's output for one query changes with the number of queries,
-rows and padded keys. Fp32 differences of ~1e-7 flip a greedy choice only where the
+rows and padded keys (docs/benchmarks.md names the machines). Fp32 differences of ~1e-7 flip a greedy choice only where the
 target's two best tokens are that close.
 
 What runs: the 16 code and held-out prompts, 64 greedy tokens, with the top-2 logprobs.

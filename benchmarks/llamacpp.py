@@ -25,8 +25,8 @@ every round's are in `rounds_tokens_per_s`.
 llama-server keeps each slot's prompt and, by default (`cache_prompt`), serves a prompt it
 has seen from that cache instead of prefilling it. The benchmark repeats its 8 prompts
 across levels and rounds, so with that default llama-server would prefill almost nothing
-while the gateway without kept prefixes prefills every prompt (runs before session 13
-measured that). The same-work comparison (the goals' ratios) therefore sends
+while the gateway without kept prefixes prefills every prompt (earlier runs measured
+that). The same-work comparison (the goals' ratios) therefore sends
 `cache_prompt: false` to llama-server and runs the gateways without kept prefixes; the
 same llama-servers are also measured with their default, prompts seen before
 (`llama_server_prompt_cache_*`), against the compiled gateway keeping prefixes

@@ -71,9 +71,8 @@ class Settings:
     """fp32 CPU nn.Linear layers: ``auto`` times both forwards at load and keeps the faster
     (gateway/engine/cpu_linear.py), ``on`` always uses the weight-major forward, ``off``
     keeps torch's. The timing takes about a second and, where the two are close, could pick
-    differently from one start to the next (seen on a 2-core AMD EPYC: 1 start in 5 chose
-    weight-major), so auto keeps its verdict per model shape and machine in
-    ``{var_dir}/linear-verdicts.json`` and the next start reads it instead of measuring
+    differently from one start to the next, so auto keeps its verdict per model shape and
+    machine in ``{var_dir}/linear-verdicts.json`` and the next start reads it instead of measuring
     (delete the file to measure again)."""
     compile: str = "off"
     """``off``, ``on`` or ``auto``: compile the batch path's decode steps with torch.compile

@@ -6,8 +6,8 @@ reordered once into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_w
 what inductor's freezing pass does for a frozen model) reads the weight in the order its
 kernel wants, so a product of 4 to 40 rows costs little more than one: measured on CPU
 it is a few times cheaper than W @ x^T at a few rows for the large output head and the
-gate-and-up projection, and still cheaper at 40 rows (see
-benchmarks/reports/engine_compiled_epyc_packed.json for the effect on whole steps). Fewer
+gate-and-up projection, and still cheaper at 40 rows (docs/decisions/compiled-step-history.md
+has the effect on whole steps). Fewer
 than ROWS_MIN rows keep W @ x^T (see ROWS_MIN).
 
 Exactness: oneDNN's sums run in the same order whatever the row count (a row's result

@@ -173,7 +173,7 @@ def row_layout(tokens: list[list[int]], starts: list[int], width: int) -> list[l
 def _ints(grid: list[list[int]]) -> torch.Tensor:
     """`grid`'s lists end to end as one int64 CPU tensor: by way of an array, half of
     torch.tensor's time on nested lists (5-29 us against 8-53 us for the compiled step's
-    input of 1-8 rows x 1-5 tokens; 2-core AMD EPYC, Zen 5)."""
+    input of 1-8 rows x 1-5 tokens on a 2-core CPU)."""
     return torch.frombuffer(array("q", itertools.chain.from_iterable(grid)), dtype=torch.int64)
 
 
