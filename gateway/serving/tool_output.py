@@ -25,7 +25,7 @@ import ast
 import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.engine.constraints.json_schema import ConstraintError, validate_output
@@ -39,12 +39,15 @@ with RE2 for the regexes it takes milliseconds): past it the request is refused 
 (code schema_validation_timeout) instead of the event loop waiting."""
 _OPEN = "([{"
 _CLOSE = ")]}"
+_CALL_START = '{"name":"'
+"""How every JSON format's call starts."""
 
 
 def format_of(schema: Mapping[str, Any] | None) -> ToolFormat:
     """The format a compiled tool grammar's schema names (`compile_tool_grammar`)."""
     name = schema.get("format") if schema else None
-    return FORMATS.get(name, HERMES) if isinstance(name, str) else HERMES
+    fmt = FORMATS.get(name, HERMES) if isinstance(name, str) else HERMES
+    return replace(fmt, hidden_tag=True) if schema and schema.get("hidden_tag") else fmt
 
 
 def _held(buf: str, marker: str) -> int:
@@ -170,13 +173,16 @@ class ToolCallReader:
     def _step(self, events: list[Event]) -> None:
         fmt = self.fmt
         if self.state == "text":
-            tag = fmt.tag if fmt.anywhere and fmt.tag else ""
-            at = self.buf.find(tag) if tag else -1
-            cut = at if at >= 0 else len(self.buf) - (_held(self.buf, tag) if tag else 0)
+            found = [(at, m) for m in self._marks() if (at := self.buf.find(m)) >= 0]
+            at, mark = min(found) if found else (-1, "")
+            held = max((_held(self.buf, m) for m in self._marks()), default=0)
+            cut = at if at >= 0 else len(self.buf) - held
             if cut:
                 self._content(self.buf[:cut], events)
                 self.buf = self.buf[cut:]
-            if at >= 0:
+            if at >= 0 and fmt.hidden_tag:  # the visible rest of the opening, then a call
+                self.buf, self.state = self.buf[len(mark) - len(_CALL_START) :], "head"
+            elif at >= 0:
                 self.state = "opening"
         elif self.state == "opening":  # the tag, maybe a space, the rest of the opening
             assert fmt.tag is not None
@@ -214,6 +220,18 @@ class ToolCallReader:
                 self.buf, self.state = self.buf[len(fmt.end) :], "text"
             elif self.buf and not more.startswith(self.buf) and not fmt.end.startswith(self.buf):
                 self.state = "text"  # not another call (the grammar never allows this)
+
+    def _marks(self) -> tuple[str, ...]:
+        """What the text state looks for: the tag (formats whose calls may follow text), or
+        where the tag is hidden, the rest of the opening and a call's start (Mistral's
+        ``[{"name":"``, `` [{"name":"`` too where a space may follow the tag)."""
+        fmt = self.fmt
+        if not fmt.anywhere or fmt.tag is None:
+            return ()
+        if not fmt.hidden_tag:
+            return (fmt.tag,)
+        mark = fmt.after_tag + _CALL_START
+        return (mark, " " + mark) if fmt.tag_space else (mark,)
 
     def _start(self) -> None:
         fmt, buf = self.fmt, self.buf

@@ -10,6 +10,7 @@ Qwen's ``<tool_response>`` in a user turn) and Mistral's refusal of call ids tha
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -172,6 +173,9 @@ TEMPLATES = {
 """Each family's template, by the format it teaches."""
 TAGS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "<|tool_call|>")
 """The families' opening markers, added as whole tokens as their tokenizers have them."""
+SPECIAL_TAGS = TAGS[1:]
+"""The markers that are special tokens in their families' tokenizers (Qwen's <tool_call> is
+an ordinary added token): decoded output text does not show them."""
 DECLARED = "tiny-declared"
 """A target whose template is the demo's ChatML (Hermes) but whose manifest declares
 ``tool_format: mistral``."""
@@ -182,12 +186,23 @@ def target(family: str) -> str:
     return f"tiny-{family.replace('_', '-')}"
 
 
+def _mark_special(path: Path) -> None:
+    """Make the `SPECIAL_TAGS` special tokens in a saved tokenizer, as in their families."""
+    data = json.loads(path.read_text())
+    for token in data["added_tokens"]:
+        if token["content"] in SPECIAL_TAGS:
+            token.update(special=True, normalized=False)
+    path.write_text(json.dumps(data))
+
+
 def build(root: Path) -> Path:
     """The tiny pair (every family's tag one token, 2,048-token context) served once per
     family: target ``tiny-<family>`` with that family's template and the random draft for it
     (so speculation rejects tokens), plus `DECLARED`. Returns the manifest's path."""
     base = tiny_models.build(root / "base", context=2048, extra_tokens=TAGS)
     raw = yaml.safe_load(base.read_text())["models"]
+    for entry in raw:
+        _mark_special(base.parent / entry["path"] / "tokenizer.json")
     by_role = {e["role"] + e["version"]: e for e in raw}
     entries = []
     families = [(target(f), t, None) for f, t in TEMPLATES.items()]

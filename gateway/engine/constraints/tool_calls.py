@@ -209,7 +209,8 @@ def compile_tool_grammar(
     """Check the tools and compile their grammar (cached like JSON schemas) in the model's
     syntax: ``tool_format`` (the manifest's) or the one its chat template teaches. The
     compiled grammar's ``schema`` is ``{"tools": {name: parameters}, "format": name}``,
-    what its output must obey and how to read it back."""
+    what its output must obey and how to read it back (with ``"hidden_tag": true`` where
+    the format's tag is a special token, which the output's text does not show)."""
     check_tools(tools)
     try:
         fmt = model_format(tokenizer, tool_format)
@@ -219,7 +220,9 @@ def compile_tool_grammar(
     tag_id = added.get(fmt.tag) if fmt.tag is not None else None
     text = grammar_text(tools, mode, parallel, fmt, tag_id)
     digest = hashlib.sha256(text.encode()).hexdigest()
-    schema = {"tools": {t.name: t.parameters for t in tools}, "format": fmt.name}
+    schema: dict[str, Any] = {"tools": {t.name: t.parameters for t in tools}, "format": fmt.name}
+    if tag_id is not None and not tokenizer.decode([tag_id], skip_special_tokens=True):
+        schema["hidden_tag"] = True  # a special token: the output's text never shows it
     try:
         return compile_grammar_text(tokenizer, text, vocab_size, schema, digest)
     except ToolError:

@@ -67,6 +67,9 @@ class ToolFormat:
     tag_space: bool = False
     """One space may follow the tag (Mistral v0.3 writes ``[TOOL_CALLS] [``, later Mistral
     models ``[TOOL_CALLS][``): the grammar lets the model write the one it learned."""
+    hidden_tag: bool = False
+    """The tag is a special token of the model's tokenizer, so the output's text (decoded
+    without special tokens) never shows it: the calls are read from what follows it."""
 
     @property
     def python(self) -> bool:
@@ -90,6 +93,13 @@ class ToolFormat:
     def trigger(self) -> str:
         """The text that opens the calls after answer text (``anywhere`` formats)."""
         return self.opening + self.call_open
+
+    @property
+    def after_tag(self) -> str:
+        """The opening's text after its tag (all of it for a format without a tag)."""
+        if self.tag is None or not self.trigger.startswith(self.tag):
+            return self.trigger
+        return self.trigger[len(self.tag) :]
 
 
 HERMES: Final = ToolFormat(

@@ -34,7 +34,7 @@ from gateway.serving.tool_output import (
 from models_registry.errors import ManifestError
 from models_registry.manifest import TOOL_FORMATS, load_manifest
 from tests.integration import tiny_models
-from tests.integration.tool_families import TAGS, TEMPLATES
+from tests.integration.tool_families import SPECIAL_TAGS, TAGS, TEMPLATES
 
 DEMO = Path(__file__).parents[3] / "models_registry" / "demo" / "demo-code-target-v1"
 ADD = ToolSpec(
@@ -218,6 +218,35 @@ def test_random_walks_through_a_forced_grammar_give_valid_calls(fmt: str) -> Non
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
         check_calls(text, SCHEMAS, FORMATS[fmt])
+
+
+@pytest.mark.parametrize("fmt", ["llama3_json", "mistral", "granite"])
+def test_a_special_tag_is_read_from_what_follows_it(fmt: str) -> None:
+    """Llama's, Mistral's and Granite's tags are special tokens, which the output's text
+    (decoded without them, as the engine does) does not show: the calls are still read."""
+    tok = tiny_models.tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": list(SPECIAL_TAGS)})
+    compiled = compile_tool_grammar(tok, [ADD, CITY], "auto", True, len(tok), fmt)
+    assert compiled.schema["hidden_tag"] is True
+    hidden = format_of(compiled.schema)
+    assert hidden.hidden_tag and hidden.name == fmt
+    tag = tok.convert_tokens_to_ids(FORMATS[fmt].tag)
+    for prefix, space in (("", ""), ("Sure. " if hidden.anywhere else "", " ")):
+        if space and not hidden.tag_space:
+            continue
+        grammar = compiled.new()
+        calls = two_calls(fmt).removeprefix(FORMATS[fmt].tag or "")
+        ids = [*tok.encode(prefix, add_special_tokens=False), tag]
+        ids += tok.encode(space + calls, add_special_tokens=False)
+        for t in ids:
+            assert grammar.allowed_mask(len(tok))[t], tok.decode([t])
+            grammar.consume(t)
+        assert grammar.is_complete()
+        text = tok.decode(ids, skip_special_tokens=True)
+        assert FORMATS[fmt].tag not in text
+        content, calls = read_calls(text, hidden)
+        assert (content, [c.name for c in calls]) == (prefix, ["add", "city"])
+        check_calls(text, SCHEMAS, hidden)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
