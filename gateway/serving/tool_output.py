@@ -173,8 +173,8 @@ class ToolCallReader:
     def _step(self, events: list[Event]) -> None:
         fmt = self.fmt
         if self.state == "text":
-            found = [(at, m) for m in self._marks() if (at := self.buf.find(m)) >= 0]
-            at, mark = min(found) if found else (-1, "")
+            hits = [(at, m) for m in self._marks() if (at := self.buf.find(m)) >= 0]
+            at, mark = min(hits) if hits else (-1, "")
             held = max((_held(self.buf, m) for m in self._marks()), default=0)
             cut = at if at >= 0 else len(self.buf) - held
             if cut:
