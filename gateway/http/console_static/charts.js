@@ -4,8 +4,19 @@
 
 const COLORS = ["#2357d9", "#d9482b", "#18794e", "#a35c00", "#7b3fb8"];
 
+// The time axis a chart spans: the `seconds` before now, widened to any point outside them
+// (a clock step between server and browser), in uPlot's seconds.
+function timeRange(times, seconds) {
+  const now = Date.now() / 1000;
+  const from = Math.min(now - seconds, ...times);
+  const to = Math.max(now, ...times);
+  return [from, to];
+}
+
 // series: [{label, points: [[t, value|null], ...], color?}]
-function lineChart(container, title, series, { unit = "", percent = false, id } = {}) {
+// windowSeconds: the time axis spans the window the operator chose, however few buckets
+// have data (without it a single bucket spreads the axis over years).
+function lineChart(container, title, series, { unit = "", percent = false, id, windowSeconds = 900 } = {}) {
   const box = h("div", { class: "chart card", id }, h("div", { class: "title" }, title));
   container.append(box);
   const times = [...new Set(series.flatMap((s) => s.points.map((p) => p[0])))].sort((a, b) => a - b);
@@ -15,6 +26,8 @@ function lineChart(container, title, series, { unit = "", percent = false, id } 
     box.append(h("p", { class: "empty" }, "No traffic in this window yet."));
     return box;
   }
+  const [from, to] = timeRange(times, windowSeconds);
+  box.dataset.xRange = `${Math.round(from)},${Math.round(to)}`; // the browser tests read it
   const data = [times];
   for (const s of series) {
     const byT = new Map(s.points.map((p) => [p[0], p[1]]));
@@ -27,7 +40,7 @@ function lineChart(container, title, series, { unit = "", percent = false, id } 
     height: 180,
     legend: { show: true },
     cursor: { drag: { x: false, y: false } },
-    scales: { x: { time: true }, y: percent ? { range: [0, 1] } : { auto: true } },
+    scales: { x: { time: true, range: () => [from, to] }, y: percent ? { range: [0, 1] } : { auto: true } },
     axes: [
       {},
       { values: (u, vals) => vals.map((v) => (percent ? Math.round(100 * v) + "%" : fmt(v, 1))), size: 56 },

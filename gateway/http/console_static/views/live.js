@@ -47,11 +47,11 @@ Console.views.live = {
       );
       charts.replaceChildren();
       lineChart(charts, "Requests per 5 s", [{ label: "requests", points: pointsOf(rows, "requests") },
-        { label: "errors", points: pointsOf(rows, "errors"), color: "#c0362c" }], { id: "chart-requests" });
-      lineChart(charts, "Speculative share (mode)", [{ label: "speculative", points: pointsOf(rows, "speculative_share") }], { percent: true, id: "chart-mode" });
-      lineChart(charts, "Acceptance (accepted / drafted)", [{ label: "acceptance", points: pointsOf(rows, "acceptance") }], { percent: true, id: "chart-acceptance" });
-      lineChart(charts, "Tokens/s per request", [{ label: "tokens/s", points: pointsOf(rows, "tokens_per_s") }], { id: "chart-tps" });
-      lineChart(charts, "p95 latency", [{ label: "p95", points: pointsOf(rows, "p95_ms") }], { unit: " ms", id: "chart-p95" });
+        { label: "errors", points: pointsOf(rows, "errors"), color: "#c0362c" }], { id: "chart-requests", windowSeconds: Number(windowSel.value) });
+      lineChart(charts, "Speculative share (mode)", [{ label: "speculative", points: pointsOf(rows, "speculative_share") }], { percent: true, id: "chart-mode", windowSeconds: Number(windowSel.value) });
+      lineChart(charts, "Acceptance (accepted / drafted)", [{ label: "acceptance", points: pointsOf(rows, "acceptance") }], { percent: true, id: "chart-acceptance", windowSeconds: Number(windowSel.value) });
+      lineChart(charts, "Tokens/s per request", [{ label: "tokens/s", points: pointsOf(rows, "tokens_per_s") }], { id: "chart-tps", windowSeconds: Number(windowSel.value) });
+      lineChart(charts, "p95 latency", [{ label: "p95", points: pointsOf(rows, "p95_ms") }], { unit: " ms", id: "chart-p95", windowSeconds: Number(windowSel.value) });
     }
     await draw();
     every(5000, () => draw().catch(() => {}));

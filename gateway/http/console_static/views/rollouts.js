@@ -131,7 +131,7 @@ async function drawDetail(box, r) {
       )),
     charts,
   );
-  lineChart(charts, "Acceptance", pair("acceptance"), { percent: true, id: "ro-chart-acceptance" });
-  lineChart(charts, "Tokens/s per request", pair("tokens_per_s"), { id: "ro-chart-tps" });
-  lineChart(charts, "p95 latency", pair("p95_ms"), { unit: " ms", id: "ro-chart-p95" });
+  lineChart(charts, "Acceptance", pair("acceptance"), { percent: true, id: "ro-chart-acceptance", windowSeconds: 3600 });
+  lineChart(charts, "Tokens/s per request", pair("tokens_per_s"), { id: "ro-chart-tps", windowSeconds: 3600 });
+  lineChart(charts, "p95 latency", pair("p95_ms"), { unit: " ms", id: "ro-chart-p95", windowSeconds: 3600 });
 }
