@@ -12,6 +12,8 @@ The verifiable log (docs/audit.md, "Verifying offline"):
     python -m gateway.database checkpoint --signing-key KEY   # sequence and sign now
     python -m gateway.database export-log [--tenant T] [--output audit.jsonl]
     python -m gateway.database checkpoints [--output checkpoints.txt]      # signed notes
+    python -m gateway.database verify-log        # the stored log against its rows and
+                                                 # checkpoints (trusts the database)
     python -m gateway.database verify-export audit.jsonl --checkpoints checkpoints.txt \
         --public-key key.pub        # offline: no database; exit 0 ok, 2 broken
 
@@ -38,6 +40,7 @@ from typing import Any, TextIO
 
 from gateway.database.audit.log import AuditLog
 from gateway.database.audit.log_export import export_log, export_tenant
+from gateway.database.audit.log_verify import verify_log
 from gateway.database.audit.note import Signer, load_signer
 from gateway.database.audit.queries import csv_line
 from gateway.database.audit.types import RecordFilter
@@ -114,6 +117,7 @@ def _add_log_commands(sub: Any) -> None:
     log = sub.add_parser("export-log", help="the log as JSON lines (leaf order)")
     log.add_argument("--tenant", help="only this tenant's rows, each with its inclusion proof")
     log.add_argument("--output", "-o", help="file to write (default stdout)")
+    sub.add_parser("verify-log", help="the stored log against its rows and checkpoints")
     cps = sub.add_parser("checkpoints", help="every signed checkpoint (with cosignatures)")
     cps.add_argument("--output", "-o", help="file to write (default stdout)")
     check = sub.add_parser("verify-export", help="verify an export offline (no database)")
@@ -163,6 +167,10 @@ async def _log_command(store: Database, args: argparse.Namespace, out: TextIO) -
         out.write(json.dumps(None if done is None else {"id": done.id, "size": done.size}) + "\n")
         return 0
     log = AuditLog(store)
+    if args.command == "verify-log":
+        report = await verify_log(log)
+        out.write(json.dumps(report, indent=2) + "\n")
+        return 0 if report["ok"] else EXIT_BROKEN
     sink = open(args.output, "w", encoding="utf-8") if args.output else out  # noqa: SIM115
     try:
         if args.command == "checkpoints":
@@ -206,7 +214,7 @@ async def run(args: argparse.Namespace, out: TextIO) -> int:
             done = await store.purge_expired(args.actor, args.now, record_empty=True)
             out.write(json.dumps({"purged": done.purged, "events": list(done.events)}) + "\n")
             return 0
-        if args.command in ("checkpoint", "export-log", "checkpoints"):
+        if args.command in ("checkpoint", "export-log", "checkpoints", "verify-log"):
             return await _log_command(store, args, out)
     finally:
         await store.close()

@@ -17,6 +17,7 @@ from litestar.response import Stream
 
 from gateway.database import AuditLog
 from gateway.database.audit.log_export import export_log, export_tenant
+from gateway.database.audit.log_verify import verify_log
 from gateway.database.audit.queries import decode_cursor, encode_cursor
 from gateway.database.audit.witness import WitnessRefusal, WitnessRequest
 from gateway.http.audit import RecordId, _answered, _cursor, _limit, _svc, _who
@@ -133,6 +134,17 @@ async def log_export(request: Request[Any, Any, Any], tenant: Tenant = None) -> 
     )
 
 
+@get("/audit/log/verify", summary="The stored log against its rows and signed checkpoints")
+async def log_verify(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    who = await _who(request)
+    if who.tenant_id is not None:
+        raise GatewayError(
+            "permission", "the whole log is checked by operators (admin, auditor) only",
+            code="forbidden",
+        )  # fmt: skip
+    return await _answered(verify_log(AuditLog(_svc(request).store)))
+
+
 @post(
     "/witness/add-checkpoint",
     summary="Witness: cosign a log's checkpoint if it extends the last one cosigned",
@@ -156,4 +168,7 @@ async def add_checkpoint(request: Request[Any, Any, Any]) -> Response[str]:
     return Response(line, media_type="text/plain; charset=utf-8")
 
 
-ROUTES = [checkpoints, checkpoint_notes, record_proof, consistency, log_export, add_checkpoint]
+ROUTES = [
+    checkpoints, checkpoint_notes, record_proof, consistency, log_export, log_verify,
+    add_checkpoint,
+]  # fmt: skip

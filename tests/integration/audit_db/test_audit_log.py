@@ -334,3 +334,35 @@ def test_nothing_new_signs_nothing_and_admin_events_are_leaves(log: Log) -> None
 
     run(admin())
     assert run(log.checkpoint()).size == 13
+
+
+def _verify_log(log: Log) -> dict[str, Any]:
+    code = log.cli("verify-log")
+    report = json.loads(log.out.readouterr().out)
+    assert (code == 0) == report["ok"]
+    return dict(report)
+
+
+def test_verify_log_holds_the_database_to_what_was_signed(log: Log) -> None:
+    clean = _verify_log(log)
+    assert clean["ok"] and clean["leaves"] == 12 and clean["checkpoints"]["checked"] == 2
+    _rehash_history(log.path, 3)  # the attack verify calls ok
+    report = _verify_log(log)
+    assert report["first_mismatch"] == {
+        "leaf": 2, "kind": "record", "id": 3,
+        "problem": "the row was re-hashed after it was sequenced",
+    }  # fmt: skip
+    assert report["checkpoints"]["first_bad"] is None  # the stored tree itself is intact
+
+
+def test_verify_log_names_a_stored_tree_that_no_longer_has_the_signed_root(log: Log) -> None:
+    con = sqlite3.connect(log.path)
+    con.execute("DROP TRIGGER audit_log_leaves_no_update")
+    con.execute("UPDATE audit_log_leaves SET hash = ? WHERE idx = 8", (bytes(32),))
+    con.commit()
+    con.close()
+    report = _verify_log(log)
+    assert report["first_mismatch"]["leaf"] == 8
+    assert report["checkpoints"]["first_bad"] == {
+        "id": 2, "size": 12, "problem": "the stored tree no longer has the signed root",
+    }  # fmt: skip
