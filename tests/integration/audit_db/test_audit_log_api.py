@@ -30,8 +30,9 @@ WITNESS_KEY = Signer.generate("witness.test/w1", COSIGNATURE_V1)
 @pytest.fixture(scope="module")
 def witness_url(tiny_manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     var = tmp_path_factory.mktemp("witness")
+    logs = f"{LOG_KEY.verifier.vkey},{OTHER_LOG.verifier.vkey}"
     proc, url, _ = start_gateway(
-        tiny_manifest, var, witness_key=WITNESS_KEY.skey, witness_logs=f"{LOG_KEY.verifier.vkey},{OTHER_LOG.verifier.vkey}",
+        tiny_manifest, var, witness_key=WITNESS_KEY.skey, witness_logs=logs,
         audit_checkpoint_interval_s="0",
     )  # fmt: skip
     yield f"{url}/witness/add-checkpoint"
