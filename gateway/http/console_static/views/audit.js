@@ -228,7 +228,17 @@ async function renderCheckpoints(el) {
   const list = h("div", { class: "card" }, h("h2", {}, "Recent checkpoints"),
     table([["Id", (c) => c.id], ["Leaves", (c) => c.tree_size], ["Signed", (c) => c.created_at.slice(0, 19).replace("T", " ")],
       ["Root", (c) => h("code", {}, c.root_hash.slice(0, 16) + "…")], ["Witnesses", (c) => c.witnesses.length]], page.data, { empty: "None yet." }));
-  el.append(head, check, keys, list);
+  const stored = Console.who && !Console.who.tenant ? h("div", { class: "card", id: "log-verify" },
+    h("h2", {}, "The stored log against its rows and checkpoints"),
+    h("p", { class: "muted" }, "Inside the database, trusting it: an alarm, not the auditor's proof."),
+    h("button", { class: "secondary", id: "log-verify-run", onclick: async (e) => {
+      const v = await attempt(() => api("GET", "/audit/log/verify"));
+      if (!v) return;
+      const bad = v.first_mismatch || v.checkpoints.first_bad;
+      e.target.replaceWith(h("p", { id: "log-verify-result", class: v.ok ? "ok" : "error" },
+        v.ok ? `Intact: ${v.leaves} leaves, ${v.checkpoints.checked} checkpoints hold.` : `BROKEN: ${JSON.stringify(bad)}`));
+    } }, "Check")) : "";
+  el.append(head, check, keys, stored, list);
 }
 
 async function checkRecord(id, out) {
