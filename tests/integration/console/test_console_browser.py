@@ -23,7 +23,7 @@ from tests.integration.console.browser import browser_page, require_chromium, sc
 from tests.integration.service.harness import ADMIN, ADMIN_KEY, MODEL
 from tests.integration.service.process import start_gateway
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 TENANT = "team-browser"
 SPECULATIVE = {"mode": "speculative", "proposer": "draft", "k": 3}
 
