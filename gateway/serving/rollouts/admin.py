@@ -109,12 +109,41 @@ class RolloutAdmin:
         return {**{k: d[k] for k in keys}, "path": str(d["path"]), "status": status}
 
     async def models(self) -> list[dict[str, Any]]:
+        """Every registered version; a draft also says whether it serves now and why
+        (`serving`: default, canary, baseline or null; `serving_reason`), the one answer
+        the console and the README give too."""
         rows = {(r["name"], r["version"]): r for r in await self.store.list_models()}
         out = [
             self._model_view(e, rows.pop((e.name, e.version), {}).get("status", "active"))
             for e in self.pool.manifest.entries
         ]
-        return out + [self._model_view(r, r["status"]) for r in rows.values()]
+        views = out + [self._model_view(r, r["status"]) for r in rows.values()]
+        for v in views:
+            if v["role"] == "draft":
+                serving = self._serving(v["target"], v["name"], v["version"])
+                v["serving"], v["serving_reason"] = serving
+        return views
+
+    def _serving(self, target: str, name: str, version: str) -> tuple[str | None, str | None]:
+        """How a draft version serves its target's speculative requests now: as an active
+        rollout's canary or baseline, or as the default (the last promoted version, else the
+        first registered), for tenants whose policy allows it; else (None, None)."""
+        r = self.view.active(target)
+        if r is not None:
+            if name != r.draft:
+                return None, None
+            if version == r.version:
+                return "canary", f"rollout {r.id} sends it {r.canary_percent:g}% of requests"
+            if version == r.baseline_version:
+                return "baseline", f"rollout {r.id} keeps it for the other requests"
+            return None, None
+        promoted = self.view.default_version(target)
+        if promoted is not None:
+            return ("default", "the last promoted version") if version == promoted else (None, None)
+        versions = self.pool.draft_versions(target)
+        if versions and version == versions[0]:
+            return "default", "the first registered version (no rollout has promoted another)"
+        return None, None
 
     async def register(self, body: dict[str, Any], actor: str) -> dict[str, Any]:
         """Hash, check and record a new version from a local directory; servable at once."""

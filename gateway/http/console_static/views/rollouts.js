@@ -72,7 +72,7 @@ Console.views.rollouts = {
 
 function startForm(targets, drafts) {
   const target = h("select", { id: "ro-target" }, targets.map((t) => h("option", { value: t.name }, `${t.name}@${t.version}`)));
-  const draft = h("select", { id: "ro-draft" }, drafts.map((d) => h("option", { value: `${d.name}|${d.version}` }, `${d.name}@${d.version} (${d.status})`)));
+  const draft = h("select", { id: "ro-draft" }, drafts.map((d) => h("option", { value: `${d.name}|${d.version}` }, `${d.name}@${d.version} (${d.serving ? "serving: " + d.serving : d.status})`)));
   const percent = h("input", { id: "ro-percent", type: "number", min: 0, max: 100, step: 1, value: 20 });
   const minSamples = h("input", { id: "ro-min-samples", type: "number", min: 1, value: 20 });
   const sticky = h("input", { id: "ro-sticky", type: "checkbox" });
