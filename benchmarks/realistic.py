@@ -273,6 +273,7 @@ def _gateway_child(args: dict[str, Any]) -> dict[str, Any]:
     from gateway.serving.worker import batch_rows
 
     imports = time.perf_counter() - t_start
+    _set_threads()
     rss_imports = _rss()["rss"]
     folder, var = Path(args["folder"]), Path(args["var"])
     cpu_linear = args["cpu_linear"]
@@ -353,6 +354,7 @@ def _hf_child(args: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    _set_threads()
     path = Path(args["folder"]) / "target"
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=args["dtype"])
@@ -416,17 +418,20 @@ def _progress(stderr: str) -> str:
 PLANS: dict[str, dict[str, Any]] = {
     "full": {"cases": ("qwen2.5-0.5b/float32", "qwen2.5-0.5b/bfloat16", "qwen2.5-1.5b/bfloat16",
                        "qwen2.5-1.5b/float32/off"),
-             "new_tokens": 32, "one_client": 3, "clients": (1, 8), "first_start": True},
+             "new_tokens": 32, "one_client": 3, "clients": (1, 8),
+             "first_start": ("qwen2.5-0.5b/float32",)},
     "quick": {"cases": ("qwen2-tiny/float32",), "new_tokens": 8, "one_client": 1,
-              "clients": (1, 8), "first_start": False},
+              "clients": (1, 8), "first_start": ()},
 }  # fmt: skip
 """Cases run in order, "shape/dtype[/linear]": linear pins the fp32 linear form as
 GATEWAY_CPU_LINEAR does (off, on; default auto: measured at the first start and kept, as the
 gateway does). The full plan runs the fp32 1.5B with torch's linear: measuring the verdict
 packs a second copy of every fp32 linear weight for a moment (engine/packed_linear.py), and
 its 7.5 GB of fp32 weights twice would pass the ~12 GB this shared machine has to spare.
-REALISTIC_CASES=a,b overrides the list (a reduced run). first_start: measure a first start
-(its verdicts measured) before the restart the rest runs on; without it, one start."""
+REALISTIC_CASES=a,b overrides the list (a reduced run); REALISTIC_RESUME=1 keeps the cases
+a killed run finished (var/bench-realistic/partial.json) and runs the rest. first_start: the
+cases that measure a first start (the linear verdict measured) before the restart that the
+rest runs on; the others start once, with nothing kept (bf16 has no verdict to keep)."""
 PARAMS_7B = 7_615_616_512  # Qwen2.5-7B (hidden 3584, 28 layers, 4 KV heads, untied head)
 
 
@@ -436,9 +441,15 @@ def run(out_dir: Path, quick: bool = False, plan: dict[str, Any] | None = None) 
         plan["cases"] = tuple(os.environ["REALISTIC_CASES"].split(","))
     prompts = _prompt_ids(max(plan["clients"]))
     common = {k: plan[k] for k in ("new_tokens", "one_client", "clients")}
+    partial = CACHE / "partial.json"
+    resume = os.environ.get("REALISTIC_RESUME") == "1" and partial.exists()
+    done: dict[str, Any] = json.loads(partial.read_text()) if resume else {}
     cases: dict[str, Any] = {}
-    built: dict[str, Any] = {}
+    built: dict[str, Any] = done.pop("_models", {})
     for case in plan["cases"]:
+        if case in done:
+            cases[case] = done[case]
+            continue
         shape, dtype, *pin = case.split("/")
         linear = {"off": False, "on": True}.get(pin[0] if pin else "auto")
         folder = CACHE / f"{shape}-r{RECIPE}"
@@ -447,11 +458,11 @@ def run(out_dir: Path, quick: bool = False, plan: dict[str, Any] | None = None) 
             built[shape] = _child("build", {"shape": shape, "folder": str(folder)})
         with tempfile.TemporaryDirectory() as var:  # the gateway's var dir: kept verdicts
             base = {"folder": str(folder), "var": var, "dtype": dtype, "cpu_linear": linear}
-            first = _child("gateway", base) if plan["first_start"] else None
+            first = _child("gateway", base) if case in plan["first_start"] else None
             restart = _child("gateway", {**base, **common, "decode": True, "prompts": prompts})
         hf = _child("hf", {**base, **common, "prompts": prompts})
         cases[case] = _case(built[shape], first, restart, hf, plan["one_client"])
-        (CACHE / "partial.json").write_text(json.dumps(cases, indent=1))
+        partial.write_text(json.dumps({**cases, "_models": built}, indent=1))
     result = {
         "setup": {
             **common, "context": CONTEXT, "batch_rows": ROWS, "draft_layers": DRAFT_LAYERS,
@@ -459,7 +470,7 @@ def run(out_dir: Path, quick: bool = False, plan: dict[str, Any] | None = None) 
             "weights_on_disk": "bf16 safetensors", "tokenizer": "demo byte-level BPE, 8192",
             "torch_threads": _threads(), "machine": _machine(),
         },
-        "models": built,
+        "models": {k: v for k, v in built.items() if any(c.startswith(k + "/") for c in cases)},
         "cases": cases,
         "llamacpp": _llamacpp(),
     }  # fmt: skip
@@ -575,9 +586,19 @@ def _extrapolate(cases: dict[str, Any], built: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def _set_threads() -> None:
+    """REALISTIC_THREADS=n: torch's intra-op threads, as GATEWAY_TORCH_THREADS sets them
+    (default: torch's, the physical cores)."""
+    if os.environ.get("REALISTIC_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["REALISTIC_THREADS"]))
+
+
 def _threads() -> int:
     import torch
 
+    _set_threads()
     return torch.get_num_threads()
 
 
