@@ -15,7 +15,7 @@ The verifiable log (docs/audit.md, "Verifying offline"):
     python -m gateway.database verify-log        # the stored log against its rows and
                                                  # checkpoints (trusts the database)
     python -m gateway.database verify-export audit.jsonl --checkpoints checkpoints.txt \
-        --public-key key.pub        # offline: no database; exit 0 ok, 2 broken
+        --public-key key.pub [--witness-key witness.pub]  # offline; exit 0 ok, 2 broken
 
 URL: ``--database-url``, else env ``GATEWAY_DATABASE_URL``, else gateway.db in env
 ``GATEWAY_VAR_DIR`` (as the gateway), else ``sqlite+aiosqlite:///var/gateway.db``.
@@ -124,6 +124,9 @@ def _add_log_commands(sub: Any) -> None:
     check.add_argument("export", help="the JSON lines of export-log")
     check.add_argument("--checkpoints", required=True, help="signed checkpoints file")
     check.add_argument("--public-key", required=True, help="the log's verifier key(s), one a line")
+    check.add_argument(
+        "--witness-key", help="witness verifier keys, one a line: each must cosign every checkpoint"
+    )
 
 
 def _filter(args: argparse.Namespace) -> RecordFilter:
@@ -143,9 +146,10 @@ async def _export(store: Database, args: argparse.Namespace, out: TextIO) -> int
 
 def _verify_export(args: argparse.Namespace, out: TextIO) -> int:
     keys = read_keys(Path(args.public_key).read_text(encoding="utf-8"))
+    witnesses = read_keys(Path(args.witness_key).read_text()) if args.witness_key else []
     notes = Path(args.checkpoints).read_text(encoding="utf-8")
     with open(args.export, encoding="utf-8") as fh:
-        report = verify_export(fh, notes, keys)
+        report = verify_export(fh, notes, keys, witnesses)
     out.write(json.dumps(report, indent=2) + "\n")
     return 0 if report["ok"] else EXIT_BROKEN
 

@@ -9,7 +9,7 @@ Checks, in one pass:
 - every checkpoint: its signature by a trusted key (a key file may list several: the keys
   before and after a rotation), its origin the key's name; an unknown key or a signature
   that does not verify is named, and no two checkpoints may sign different roots for one
-  size;
+  size; with ``--witness-key``, a valid cosignature by each witness named there;
 - every line: the row's ``record_hash`` recomputed from its fields (a changed field), the
   leaf numbers consecutive from 0 (a deleted, duplicated or moved line), each chain's
   ``prev_hash`` links (a deleted or reordered row, even one renumbered to hide it);
@@ -77,7 +77,9 @@ def read_keys(text: str) -> list[Verifier]:
     return [Verifier.parse(ln) for ln in lines if ln and not ln.startswith("#")]
 
 
-def _checkpoints(text: str, trusted: list[Verifier], report: Report) -> dict[int, Checkpoint]:
+def _checkpoints(
+    text: str, trusted: list[Verifier], witnesses: list[Verifier], report: Report
+) -> dict[int, Checkpoint]:
     signed: dict[int, Checkpoint] = {}
     for n, raw in enumerate(split_notes(text), 1):
         try:
@@ -91,6 +93,8 @@ def _checkpoints(text: str, trusted: list[Verifier], report: Report) -> dict[int
         if key.name != cp.origin:
             report.problem(f"{what}: origin {cp.origin!r} is not its key's name {key.name!r}")
             continue
+        if not _witnessed(note, witnesses, what, report):
+            continue
         other = signed.get(cp.size)
         if other is not None and other.root != cp.root:
             report.problem(f"two different roots signed for size {cp.size}: a split view")
@@ -98,6 +102,20 @@ def _checkpoints(text: str, trusted: list[Verifier], report: Report) -> dict[int
         signed[cp.size] = cp
     report.checkpoints = len(signed)
     return signed
+
+
+def _witnessed(note: SignedNote, witnesses: list[Verifier], what: str, report: Report) -> bool:
+    """Every witness required has cosigned the checkpoint (a cosignature that does not
+    verify is named as forged)."""
+    for w in witnesses:
+        try:
+            if not note.signed_by(w):
+                report.problem(f"{what}: not cosigned by the witness {w.name}")
+                return False
+        except NoteError as exc:
+            report.problem(f"{what}: forged cosignature: {exc}")
+            return False
+    return True
 
 
 class _Walk:
@@ -210,13 +228,17 @@ class _Walk:
 
 
 def verify_export(
-    lines: Iterable[str], checkpoints_text: str, trusted: list[Verifier]
+    lines: Iterable[str],
+    checkpoints_text: str,
+    trusted: list[Verifier],
+    witnesses: list[Verifier] | None = None,
 ) -> dict[str, Any]:
     """Verify an export (its lines) against a checkpoints file's notes and the trusted log
-    keys; the report (``ok``, ``first_problem``, ``problems``, counts)."""
+    keys; ``witnesses``: cosigning keys (type 0x04) every checkpoint must carry a valid
+    cosignature of. The report (``ok``, ``first_problem``, ``problems``, counts)."""
     report = Report()
     try:
-        signed = _checkpoints(checkpoints_text, trusted, report)
+        signed = _checkpoints(checkpoints_text, trusted, witnesses or [], report)
     except NoteError as exc:
         report.problem(f"checkpoints file: {exc}")
         signed = {}

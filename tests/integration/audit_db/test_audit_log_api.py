@@ -14,7 +14,7 @@ import pytest
 
 from gateway.database import AuditLog, Database, Signer
 from gateway.database.audit import merkle
-from gateway.database.audit.note import COSIGNATURE_V1, Checkpoint, SignedNote, unb64
+from gateway.database.audit.note import COSIGNATURE_V1, Checkpoint, SignedNote, b64, unb64
 from gateway.database.audit.verify_export import verify_export
 from gateway.serving.checkpoints import WitnessRefused, WitnessSink
 from tests.integration.audit_db.conftest import record
@@ -102,8 +102,25 @@ async def test_checkpoints_are_signed_filed_witnessed_and_proofs_verify(
         notes = (await gw.client.get("/audit/checkpoints/notes", headers=auditor)).text
         report = verify_export(lines, notes, [LOG_KEY.verifier])
         assert report["ok"] and report["proofs_verified"] == len(lines), report
-        # the file sink holds the same checkpoints, outside the database
+        # every checkpoint is cosigned: an auditor may require the witness
+        witnessed = verify_export(lines, notes, [LOG_KEY.verifier], [WITNESS_KEY.verifier])
+        assert witnessed["ok"], witnessed
+        # the file sink holds the same checkpoints, outside the database, as signed (the
+        # cosignature came after): required, the witness is missing from each
         assert verify_export(lines, filed.read_text(), [LOG_KEY.verifier])["ok"]
+        unwitnessed = verify_export(
+            lines, filed.read_text(), [LOG_KEY.verifier], [WITNESS_KEY.verifier]
+        )
+        assert unwitnessed["first_problem"] == (
+            f"checkpoint 1 (size {first.size}): not cosigned by the witness witness.test/w1"
+        )
+        line = latest["witnesses"][0]["line"]
+        name, sig = line.rstrip("\n").rsplit(" ", 1)
+        raw = bytearray(unb64(sig))
+        raw[-1] ^= 1  # one bit of the witness's signature
+        forged = notes.replace(line, f"{name} {b64(bytes(raw))}\n")
+        report = verify_export(lines, forged, [LOG_KEY.verifier], [WITNESS_KEY.verifier])
+        assert "forged cosignature" in report["first_problem"], report
         whole = (await gw.client.get("/audit/log/export", headers=ADMIN)).text.splitlines()
         report = verify_export(whole, filed.read_text(), [LOG_KEY.verifier])
         assert report["ok"] and report["verified_size"] == second.size, report
