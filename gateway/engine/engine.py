@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from gateway.engine.backends.base import BackendModel, decode_alone
 from gateway.engine.batch.costs import ForwardCosts, probe
 from gateway.engine.batch.scheduler import Batch
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
@@ -75,6 +76,8 @@ class Engine:
         """Validate now (errors raise before the first item), then yield deltas and, last,
         one Finished with the whole result."""
         cfg = self._prepare(req, draft)
+        if isinstance(self._target.model, BackendModel):  # decodes in a batch (backends/)
+            return decode_alone(self.batch(1), cfg, cancelled)
         return decode(cfg, cancelled)
 
     def prepare(self, req: DecodeRequest, draft: LoadedModel | None = None) -> LoopConfig:

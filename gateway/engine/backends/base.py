@@ -22,11 +22,17 @@ model.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from gateway.engine.batch.slots import SlotCache
+from gateway.engine.schema import Delta, Finished
+
+if TYPE_CHECKING:
+    from gateway.engine.batch.scheduler import Batch
+    from gateway.engine.loop import LoopConfig
 
 
 class BackendCache(SlotCache):
@@ -67,3 +73,17 @@ def slot_cache(model: Any, slots: int, capacity: int, pad: int = 0) -> SlotCache
     if isinstance(model, BackendModel):
         return model.slot_cache(slots, capacity, pad)
     return SlotCache(int(model.config.num_hidden_layers), slots, capacity, pad)
+
+
+def decode_alone(
+    batch: Batch, cfg: LoopConfig, cancelled: Callable[[], bool] | None
+) -> Iterator[Delta | Finished]:
+    """One request on a batch of its own (a backend's model decodes through the batch path
+    only; Engine.stream runs it here): its events as loop.decode yields them."""
+    batch.add(cfg, cancelled)
+    while batch.rows:
+        for _, events in batch.step():
+            for e in events:
+                if isinstance(e, Exception):
+                    raise e
+                yield e
