@@ -366,3 +366,16 @@ def test_verify_log_names_a_stored_tree_that_no_longer_has_the_signed_root(log: 
     assert report["checkpoints"]["first_bad"] == {
         "id": 2, "size": 12, "problem": "the stored tree no longer has the signed root",
     }  # fmt: skip
+
+
+def test_a_stored_tree_that_no_longer_extends_the_last_checkpoint_is_never_signed(
+    log: Log,
+) -> None:
+    con = sqlite3.connect(log.path)
+    con.execute("DROP TRIGGER audit_log_nodes_no_update")
+    con.execute("UPDATE audit_log_nodes SET hash = ? WHERE level = 3 AND idx = 0", (bytes(32),))
+    con.commit()
+    con.close()
+    run(log.write(1, start=11))
+    with pytest.raises(LogBroken, match="does not extend checkpoint 2"):
+        run(log.checkpoint())
