@@ -16,10 +16,16 @@ from gateway.serving.worker import InferenceWorker
 from models_registry.manifest import load_manifest
 from tests.integration import tiny_models
 
+pytestmark = pytest.mark.compile
+
 KINDS = ["1x1", "1xN", "Bx1", "BxN"]
+ONE_ROW = 1
+"""The batch rows of a start whose test is about where the steps compile, not which kinds:
+one row compiles the two one-row kinds, half a start's compile (tests of the kinds
+themselves: tests/unit/engine/test_compiled.py)."""
 
 
-async def load(tmp_path, helper: bool) -> ModelPool:  # type: ignore[no-untyped-def]
+async def load(tmp_path, helper: bool, rows: int = 4) -> ModelPool:  # type: ignore[no-untyped-def]
     models = tmp_path / "models"
     manifest = load_manifest(
         models / "manifest.yaml" if models.exists() else tiny_models.build(models)
@@ -31,7 +37,7 @@ async def load(tmp_path, helper: bool) -> ModelPool:  # type: ignore[no-untyped-
         return await worker.call(fn)
 
     pool = ModelPool(
-        manifest, "cpu", None, runner, compile_rows=lambda context: 4, cpu_linear=False,
+        manifest, "cpu", None, runner, compile_rows=lambda context: rows, cpu_linear=False,
         compile_mode="on", compile_store=tmp_path / "store", compile_helper=helper,
     )  # fmt: skip
     try:
@@ -66,7 +72,7 @@ async def test_the_drafts_compile_in_a_helper_while_the_target_compiles_here(
 
 async def test_without_the_helper_every_model_compiles_here(tmp_path, caplog) -> None:
     with caplog.at_level(logging.INFO):
-        pool = await load(tmp_path, helper=False)
+        pool = await load(tmp_path, helper=False, rows=ONE_ROW)
     drafts = pool.loaded_draft_models(pool.target_names()[0]).values()
     assert [d.compiled.step.loaded for d in drafts] == [[], []]  # type: ignore[union-attr]
     assert "compile helper" not in caplog.text
@@ -90,7 +96,7 @@ async def test_a_broken_helper_leaves_every_model_to_compile_here(
 
     monkeypatch.setattr(precompile, "start", start)
     with caplog.at_level(logging.INFO):
-        pool = await load(tmp_path, helper=True)
+        pool = await load(tmp_path, helper=True, rows=ONE_ROW)
     drafts = pool.loaded_draft_models(pool.target_names()[0]).values()
     assert [d.compiled.step.loaded for d in drafts] == [[], []]  # type: ignore[union-attr]
     assert all(d.compiled.step.fns for d in drafts)  # type: ignore[union-attr]  # compiled
