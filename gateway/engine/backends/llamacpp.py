@@ -1,0 +1,285 @@
+"""llama.cpp as a model backend: a GGUF file served by the engine's batch path.
+
+What it provides is the forward (backends/base.py): `LlamaCppModel` holds the weights
+(llama_model); each cache the batch path asks for (a Batch's target slots, a draft's slots,
+the cost probe's scratch slots) is its own llama_context (`LlamaCppCache`) with one
+sequence per slot (seq id = slot). A forward is ONE llama_batch: every row's tokens at its
+own positions (its slot's committed length onward) in its own sequence, with logits asked
+for at the positions the caller wants; they come back as float32 torch tensors, and the
+loop, verifier, proposers, grammars, sampling, logprobs and stop handling run on them
+unchanged.
+
+The slots' lengths (SlotCache.length) stay the truth, as for the torch path: the caller
+commits by setting them. What a sequence holds past its slot's length (rejected draft
+tokens, a leaving row's tokens after `take` reset the slot) is removed right before the
+next forward writes there (`llama_memory_seq_rm`): rollback is sequence removal, done
+lazily. A kept prefix moves between slots by `llama_memory_seq_cp`.
+
+The KV buffer is unified (`kv_unified`): all sequences share one pool of cells, so a copy
+between sequences shares cells instead of copying data, and any mix of rows and tokens
+goes in one batch. Its cost: attention runs over the span of cells in use by all rows,
+masked per sequence, not each row's own (llama.cpp's non-unified layout gives each
+sequence its own stream; a later step).
+
+Numerics: llama.cpp's kernels may round a row differently by batch shape (tokens per
+row, rows per batch), as torch's do; tests/unit/engine/llamacpp/ measure where outputs
+part and show each parting a near tie.
+
+Imports llama_cpp (the `llama-cpp-python` package, the `llamacpp` extra): import this
+module only where a GGUF model is loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import weakref
+from array import array
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import llama_cpp as lc
+import numpy as np
+import torch
+
+from gateway.engine.backends.base import BackendCache
+from gateway.engine.errors import VocabularyMismatch
+from gateway.engine.models import LoadedModel
+
+log = logging.getLogger("gateway.engine.llamacpp")
+
+N_BATCH = 512  # tokens one llama_decode takes at most; a larger forward is decoded in parts
+KV_TYPES = {"f32": 0, "f16": 1}  # ggml_type of the KV cache's keys and values
+_LOG_WARN = 3  # ggml_log_level: GGML_LOG_LEVEL_WARN (INFO = 2, ERROR = 4, CONT = 5)
+
+
+@lc.llama_log_callback  # type: ignore[untyped-decorator]
+def _log(level: int, text: bytes | None, _: Any) -> None:
+    """llama.cpp's log lines: its errors as errors, its warnings as info (every context
+    here is larger than the training context: each slot gets one), the rest dropped."""
+    if text and level in (_LOG_WARN, _LOG_WARN + 1):
+        log.log(logging.INFO if level == _LOG_WARN else logging.ERROR, text.decode().rstrip())
+
+
+_ready = False
+
+
+def _init() -> None:
+    global _ready
+    if not _ready:
+        lc.llama_log_set(_log, ctypes.c_void_p())
+        lc.llama_backend_init()
+        _ready = True
+
+
+class LlamaCppModel:
+    """A GGUF model's weights in llama.cpp (CPU). `config` holds what the engine reads of a
+    model's config (layers, for the k policy's static c); `slot_cache` builds the contexts
+    its forwards run in."""
+
+    def __init__(
+        self, path: str | Path, threads: int | None = None, kv_type: str = "f16",
+        n_batch: int = N_BATCH,
+    ) -> None:  # fmt: skip
+        _init()
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = 0
+        handle = lc.llama_model_load_from_file(str(path).encode(), params)
+        if not handle:
+            raise ValueError(f"llama.cpp could not load {path}")
+        self.handle = handle
+        self._finalizer = weakref.finalize(self, lc.llama_model_free, handle)
+        self.path = str(path)
+        self.threads = threads if threads is not None else max(1, os.cpu_count() or 1)
+        self.kv_type = kv_type
+        self.n_batch = n_batch
+        self.vocab = lc.llama_model_get_vocab(handle)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        self.context_train = int(lc.llama_model_n_ctx_train(handle))
+        self.config = SimpleNamespace(
+            model_type="gguf",
+            num_hidden_layers=int(lc.llama_model_n_layer(handle)),
+            hidden_size=int(lc.llama_model_n_embd(handle)),
+            vocab_size=self.n_vocab,
+        )
+
+    def slot_cache(self, slots: int, capacity: int, pad: int = 0) -> LlamaCppCache:
+        return LlamaCppCache(self, slots, capacity, pad)
+
+    def special_ids(self) -> list[int]:
+        """The GGUF's end-of-generation token ids (eos, eot) that exist."""
+        ids = [int(lc.llama_vocab_eos(self.vocab)), int(lc.llama_vocab_eot(self.vocab))]
+        return [i for i in ids if 0 <= i < self.n_vocab]
+
+    def forward(self, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
+        """Not served: a llama.cpp model decodes through the batch path (Engine.batch), whose
+        forwards run on its slot caches. (`cache` names the cache argument for
+        models.cache_kwarg.)"""
+        raise NotImplementedError(
+            "a llama.cpp model decodes through a batch (Engine.batch), not alone (Engine.stream)"
+        )
+
+    __call__ = forward
+
+
+class LlamaCppCache(BackendCache):
+    """`slots` sequences of up to `capacity` tokens in one llama_context (seq id = slot)."""
+
+    def __init__(self, model: LlamaCppModel, slots: int, capacity: int, pad: int = 0) -> None:
+        super().__init__(slots, capacity, pad)
+        self.model = model  # keeps the weights alive as long as the context
+        params = lc.llama_context_default_params()
+        n_batch = model.n_batch
+        params.n_ctx = slots * capacity + n_batch  # room for every slot, and slack
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = slots
+        params.n_threads = params.n_threads_batch = model.threads
+        params.kv_unified = True
+        params.type_k = params.type_v = KV_TYPES[model.kv_type]
+        params.no_perf = True
+        ctx = lc.llama_init_from_model(model.handle, params)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not make a context of {slots} x {capacity}")
+        batch = lc.llama_batch_init(n_batch, 0, 1)
+        self._ctx, self._batch = ctx, batch
+        self._finalizer = weakref.finalize(self, _free, ctx, batch)
+        self._mem = lc.llama_get_memory(ctx)
+        self._n_batch = n_batch
+        self.held = [0] * slots  # positions 0..held[s]-1 of sequence s are in the memory
+        self.decodes = 0  # llama_decode calls
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Sequence src's positions 0..n-1 into sequence dst, which drops what it held (the
+        unified buffer shares the cells: no data is copied)."""
+        if n <= 0 or src == dst:
+            return
+        if n > self.held[src]:
+            raise ValueError(f"slot {src} holds {self.held[src]} positions, not {n}")
+        lc.llama_memory_seq_rm(self._mem, dst, -1, -1)
+        lc.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+        self.held[dst] = n
+
+    def forward(
+        self, slots: list[int], tokens: list[list[int]], keep_last: bool, logits: bool = True
+    ) -> list[torch.Tensor]:
+        starts = [self.length[s] for s in slots]
+        for s, st, row in zip(slots, starts, tokens, strict=True):
+            if st + len(row) > self.capacity:
+                raise ValueError("a row would write past its slot's capacity")
+            self._trim(s, st)
+        ids, pos, seqs, outs = array("i"), array("i"), array("i"), array("b")
+        counts = []  # outputs per row
+        for s, st, row in zip(slots, starts, tokens, strict=True):
+            n = len(row)
+            want = 0 if not logits else 1 if keep_last else n
+            ids.extend(row)
+            pos.extend(range(st, st + n))
+            seqs.extend([s] * n)
+            outs.extend([0] * (n - want) + [1] * want)
+            counts.append(want)
+        try:
+            got = [self._decode(ids, pos, seqs, outs, a) for a in range(0, len(ids), self._n_batch)]
+        except BaseException:
+            for s, st in zip(slots, starts, strict=True):  # whatever landed goes again
+                lc.llama_memory_seq_rm(self._mem, s, st, -1)
+                self.held[s] = st
+            raise
+        for s, st, row in zip(slots, starts, tokens, strict=True):
+            self.held[s] = st + len(row)
+        out = got[0] if len(got) == 1 else torch.cat(got)  # (outputs, V)
+        rows, at = [], 0
+        for want in counts:
+            rows.append(out[at : at + want])
+            at += want
+        return rows
+
+    def _trim(self, slot: int, start: int) -> None:
+        """Sequence `slot` back to positions 0..start-1 (its committed tokens)."""
+        held = self.held[slot]
+        if held > start:
+            lc.llama_memory_seq_rm(self._mem, slot, start, -1)
+            self.held[slot] = start
+        elif held < start:
+            raise RuntimeError(f"slot {slot} holds {held} positions, its length is {start}")
+
+    def _decode(self, ids: array, pos: array, seqs: array, outs: array, a: int) -> torch.Tensor:
+        """Entries a..a+n_batch of the flat step in one llama_decode: their outputs' logits,
+        (outputs, V) float32."""
+        b = self._batch
+        n = min(self._n_batch, len(ids) - a)
+        ctypes.memmove(b.token, ids.buffer_info()[0] + 4 * a, 4 * n)
+        ctypes.memmove(b.pos, pos.buffer_info()[0] + 4 * a, 4 * n)
+        ones = array("i", [1] * n)  # kept alive until copied
+        ctypes.memmove(b.n_seq_id, ones.buffer_info()[0], 4 * n)
+        ctypes.memmove(b.logits, outs.buffer_info()[0] + a, n)
+        seq_id = b.seq_id
+        for i in range(n):
+            seq_id[i][0] = seqs[a + i]
+        b.n_tokens = n
+        rc = lc.llama_decode(self._ctx, b)
+        self.decodes += 1
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc} ({n} tokens)")
+        wanted = sum(outs[a : a + n])
+        v = self.model.n_vocab
+        if not wanted:
+            return torch.empty((0, v), dtype=torch.float32)
+        ptr = lc.llama_get_logits(self._ctx)
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(wanted, v)).copy())
+
+
+def _free(ctx: Any, batch: Any) -> None:
+    lc.llama_batch_free(batch)
+    lc.llama_free(ctx)
+
+
+def load_gguf(
+    path: str | Path,
+    tokenizer: Any = None,
+    context_length: int | None = None,
+    threads: int | None = None,
+    kv_type: str = "f16",
+) -> LoadedModel:
+    """A GGUF model for the batch path. `tokenizer`: a Hugging Face tokenizer, or the
+    directory holding one (default: the GGUF's own directory); its ids must mean the GGUF's
+    (a conversion keeps them). The context length is the GGUF's training context, or
+    `context_length` when smaller; eos ids are the tokenizer directory's
+    generation_config.json's, the tokenizer's and the GGUF's."""
+    from transformers import AutoTokenizer
+
+    model = LlamaCppModel(path, threads, kv_type)
+    tok_dir = Path(path).parent if tokenizer is None else tokenizer
+    if isinstance(tok_dir, str | Path):
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    if len(tokenizer) > model.n_vocab:
+        raise VocabularyMismatch(
+            f"the tokenizer has {len(tokenizer)} tokens, the GGUF's vocabulary {model.n_vocab}"
+        )
+    ctx = model.context_train
+    if context_length is not None:
+        ctx = min(ctx, context_length) if ctx > 0 else context_length
+    eos: list[int] = []
+    gen = Path(tok_dir) / "generation_config.json" if isinstance(tok_dir, str | Path) else None
+    found = json.loads(gen.read_text()).get("eos_token_id") if gen and gen.exists() else None
+    for i in [
+        *(found if isinstance(found, list) else [found]),
+        tokenizer.eos_token_id,
+        *model.special_ids(),
+    ]:
+        if isinstance(i, int) and 0 <= i < model.n_vocab and i not in eos:
+            eos.append(i)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        path=str(path),
+        vocab_size=model.n_vocab,
+        context_length=ctx,
+        eos_token_ids=tuple(eos),
+    )
