@@ -439,6 +439,10 @@ def run(out_dir: Path, quick: bool = False, plan: dict[str, Any] | None = None) 
     plan = dict(plan or PLANS["quick" if quick else "full"])
     if os.environ.get("REALISTIC_CASES"):
         plan["cases"] = tuple(os.environ["REALISTIC_CASES"].split(","))
+    for key in ("new_tokens", "one_client", "clients"):  # REALISTIC_CLIENTS=1,8 and so on
+        if os.environ.get(f"REALISTIC_{key.upper()}"):
+            values = tuple(int(x) for x in os.environ[f"REALISTIC_{key.upper()}"].split(","))
+            plan[key] = values if key == "clients" else values[0]
     prompts = _prompt_ids(max(plan["clients"]))
     common = {k: plan[k] for k in ("new_tokens", "one_client", "clients")}
     partial = CACHE / "partial.json"
@@ -461,7 +465,8 @@ def run(out_dir: Path, quick: bool = False, plan: dict[str, Any] | None = None) 
             first = _child("gateway", base) if case in plan["first_start"] else None
             restart = _child("gateway", {**base, **common, "decode": True, "prompts": prompts})
         hf = _child("hf", {**base, **common, "prompts": prompts})
-        cases[case] = _case(built[shape], first, restart, hf, plan["one_client"])
+        summary = _case(built[shape], first, restart, hf, plan["one_client"])
+        cases[case] = {"plan": common, **summary}
         partial.write_text(json.dumps({**cases, "_models": built}, indent=1))
     result = {
         "setup": {
@@ -493,15 +498,15 @@ def _case(
     hf: dict[str, Any], one_client: int,
 ) -> dict[str, Any]:  # fmt: skip
     runs, hf_runs = restart.pop("runs"), hf.pop("runs")
-    ref = runs["standard_1"]["outputs"]
-    same = {
-        "speculative_1_vs_standard_1": _same(runs["speculative_1"]["outputs"], ref),
-        "standard_8_vs_standard_1": _same(runs["standard_8"]["outputs"][:one_client], ref),
-        "speculative_8_vs_standard_1": _same(runs["speculative_8"]["outputs"][:one_client], ref),
-        "hf_1_vs_standard_1": _same(hf_runs["generate_1"]["outputs"], ref),
-        "hf_8_vs_hf_1": _same(hf_runs["generate_8"]["outputs"][:one_client],
-                              hf_runs["generate_1"]["outputs"]),
-    }  # fmt: skip
+    ref, hf_ref = runs["standard_1"]["outputs"], hf_runs["generate_1"]["outputs"]
+    pairs = {
+        "speculative_1_vs_standard_1": (runs["speculative_1"], ref),
+        "standard_8_vs_standard_1": (runs.get("standard_8"), ref),
+        "speculative_8_vs_standard_1": (runs.get("speculative_8"), ref),
+        "hf_1_vs_standard_1": (hf_runs["generate_1"], ref),
+        "hf_8_vs_hf_1": (hf_runs.get("generate_8"), hf_ref),
+    }  # runs at 8 clients: absent from a reduced run
+    same = {k: _same(r["outputs"][:one_client], b) for k, (r, b) in pairs.items() if r}
     flat = [t for o in ref for t in o]
     tps = {k: v["tokens_per_s"] for k, v in runs.items()}
     tps.update({f"hf_{k}": v["tokens_per_s"] for k, v in hf_runs.items()})
@@ -663,7 +668,8 @@ def table(result: dict[str, Any]) -> str:
             f"{case} | {r['ready_from_process_start_s']} s | {r['draft_first_use_s']} s | "
             f"{m['rss_end'] / 2**30:.2f} / {gib:.2f} GiB ({m['rss_over_budget']}x) | "
             f"{t['standard_1']} | {t['speculative_1']} | {t['hf_generate_1']} | "
-            f"{t['standard_8']} | {t['speculative_8']} | {t['hf_generate_8']} | "
+            f"{t.get('standard_8', '-')} | {t.get('speculative_8', '-')} | "
+            f"{t.get('hf_generate_8', '-')} | "
             f"{c['acceptance'].get('speculative_1')} | "
             f"{c['identical_outputs']['hf_1_vs_standard_1']}"
         )
