@@ -8,7 +8,10 @@ shares its tokenizer.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,14 +204,67 @@ def dump_manifest(manifest: Manifest, path: str | Path) -> None:
     Path(path).write_text(text, encoding="utf-8")
 
 
-def verify_sha256(entry: ModelEntry) -> None:
-    """Hash the entry's weights; raise IntegrityError on mismatch, ModelNotFound if absent."""
-    actual = sha256_files(weight_files(entry.path))
+def verify_sha256(entry: ModelEntry, cache: Path | None = None) -> None:
+    """Hash the entry's weights; raise IntegrityError on mismatch, ModelNotFound if absent.
+
+    ``cache``: a JSON file of weights already verified (in the gateway's var dir), keyed by
+    each weight file's resolved path, size, inode, device, and modification and change times
+    in nanoseconds. Weights whose files all stat as they did when they last hashed to
+    ``entry.sha256`` are not read again, so a restart does not hash gigabytes of unchanged
+    shards. Writing to a file moves its change time, which no user can set back, so changed
+    weights are hashed again; only a match is kept, and an unreadable cache is ignored."""
+    files = weight_files(entry.path)
+    key = _stat_key(files) if cache is not None else ""
+    if cache is not None and _read_checksums(cache).get(key) == entry.sha256:
+        return
+    actual = sha256_files(files)
     if actual != entry.sha256:
         raise IntegrityError(
             f"{entry.key}: sha256 mismatch: manifest says {entry.sha256[:12]}..., "
             f"file has {actual[:12]}... ({entry.path})"
         )
+    if cache is not None and _stat_key(files) == key:  # not written to while hashed
+        _keep_checksum(cache, key, actual)
+
+
+def _stat_key(files: tuple[Path, ...]) -> str:
+    """What identifies the files' contents without reading them (see verify_sha256)."""
+    stats = []
+    for path in files:
+        st = path.stat()
+        stats.append([str(path.resolve()), st.st_size, st.st_ino, st.st_dev, st.st_mtime_ns,
+                      st.st_ctime_ns])  # fmt: skip
+    return json.dumps(stats)
+
+
+def _read_checksums(cache: Path) -> dict[str, str]:
+    try:
+        data = json.loads(cache.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _still_valid(key: str) -> bool:
+    try:
+        return _stat_key(tuple(Path(f[0]) for f in json.loads(key))) == key
+    except (OSError, ValueError, TypeError, IndexError):
+        return False
+
+
+def _keep_checksum(cache: Path, key: str, digest: str) -> None:
+    """Add a verified key (keys whose files changed or went are dropped), written whole to
+    a file of its own and renamed over the cache: a reader sees the old file or the new."""
+    kept = {k: v for k, v in _read_checksums(cache).items() if k != key and _still_valid(k)}
+    kept[key] = digest
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{cache.name}.", dir=cache.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(kept, f, indent=1, sort_keys=True)
+        os.replace(tmp, cache)
+    except OSError:  # served all the same; the next start hashes again
+        pass
 
 
 def register(
