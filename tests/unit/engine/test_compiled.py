@@ -9,7 +9,10 @@ not one graph per shape.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,9 +41,35 @@ from gateway.engine.models import cache_kwarg, wrap_model
 from .conftest import llama
 from .test_batch import Job, draft_jobs, drive, greedy, mixed_jobs, run_batch
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(torch, "compile"), reason="torch.compile is not available"
-)
+pytestmark = [
+    pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile is not available"),
+    pytest.mark.compile,
+]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A target (torch's linear forward) compiled ahead of time for a batch of 4 rows into
+    `store`, serving prefill chunks (HEAD_SHARE raised: the tiny model's head is large)."""
+
+    target: LoadedModel
+    fast: LoadedModel
+    store: Path
+
+
+@pytest.fixture(scope="module")
+def stored_target(model_dirs, tmp_path_factory) -> Iterator[Stored]:  # type: ignore[no-untyped-def]
+    """Compiled once for the tests that serve with such a step or need one in a store (a
+    compile ahead of time costs tens of seconds, and its artifacts bypass inductor's cache);
+    the tests of compiling and saving itself compile their own."""
+    from gateway.engine import compiled as compiled_module
+
+    store = tmp_path_factory.mktemp("stored-target")
+    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # it serves prefill chunks
+        fast, _ = compiled_model(target, 4, store=store)
+    yield Stored(target, fast, store)
 
 
 @pytest.mark.parametrize(("arch", "weight_major"), [("llama", False), ("llama", True)])
@@ -247,16 +276,13 @@ def test_a_target_serves_prefill_chunks_only_where_its_head_is_small_against_its
         assert draft.serves(1, 40, keep_last=True, backbone=False, head=None)
 
 
-def test_a_step_whose_keys_span_one_position_runs_eager(model_dirs, tmp_path, monkeypatch) -> None:
+def test_a_step_whose_keys_span_one_position_runs_eager(stored_target: Stored) -> None:
     """A 2-token prompt prefills one token at position 0: a key span of 1, which no traced
     step takes (torch specialises sizes of 1; a precompiled step's guards refuse it and the
     jit would trace anew): it runs eager, on a batch whose step is compiled."""
-    from gateway.engine import compiled as compiled_module
     from gateway.engine.compiled import Precompiled
 
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    monkeypatch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # it serves prefill chunks
-    fast, _ = compiled_model(target, 4, store=tmp_path)
+    fast = stored_target.fast  # compiled ahead of time, serving prefill chunks
     assert fast.compiled is not None and fast.compiled.prefill_all
     assert fast.compiled is not None and isinstance(fast.compiled.step, Precompiled)
     warm = counters["stats"]["unique_graphs"]
@@ -271,7 +297,7 @@ def test_a_step_whose_keys_span_one_position_runs_eager(model_dirs, tmp_path, mo
 
 @pytest.mark.parametrize("weight_major", [False, True])
 def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_eager(
-    model_dirs, tmp_path, monkeypatch, weight_major
+    model_dirs, tmp_path, monkeypatch, weight_major, request
 ) -> None:
     """Prompts of 63 and 90 tokens (above the decode steps' MAX_TOKENS), two arriving
     together and one alone, prefill through the target's precompiled step (every position
@@ -282,7 +308,11 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
     from gateway.engine import compiled as compiled_module
     from gateway.engine.compiled import Precompiled
 
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=weight_major)
+    shared: Stored | None = None if weight_major else request.getfixturevalue("stored_target")
+    if shared is None:
+        target = load_model(model_dirs["llama"], device="cpu", cpu_linear=weight_major)
+    else:  # torch's linear forward: the module's target, compiled as below
+        target = shared.target
     draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=weight_major)
     prompts = [tuple((i * 7 + r) % 200 + 3 for i in range(n)) for r, n in enumerate((41, 90, 63))]
     spec = {"mode": "speculative", "k_min": 1, "k_max": 4}
@@ -297,7 +327,10 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
 
     eager = drive(Engine(target).batch(4), Engine(target), jobs(draft))
     monkeypatch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # the tiny model's head is large
-    fast_target, _ = compiled_model(target, 4, store=tmp_path)
+    if shared is None:
+        fast_target, _ = compiled_model(target, 4, store=tmp_path)
+    else:
+        fast_target = shared.fast
     assert fast_target.compiled is not None and fast_target.compiled.prefill_all
     fast_draft, _ = compiled_model(draft, 4, draft=True, store=tmp_path)
     widths: list[int] = []
@@ -461,10 +494,13 @@ def test_a_precompiled_step_checks_its_guards_once_per_shape_span_class_and_cach
     assert checked[-1] == (1, 5, 8) and len(checked) == 8
 
 
-def test_another_model_config_does_not_load_a_precompiled_step(model_dirs, tmp_path) -> None:
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+def test_another_model_config_does_not_load_a_precompiled_step(
+    model_dirs, tmp_path, stored_target: Stored
+) -> None:
     draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
-    compiled_model(target, 4, store=tmp_path)
+    for path in stored_target.store.glob("step-*.pt"):  # the target's 4 rows' steps
+        shutil.copy(path, tmp_path)
+    assert len(list(tmp_path.glob("step-*.pt"))) == 4
     other, _ = compiled_model(draft, 4, store=tmp_path)
     assert other.compiled is not None and other.compiled.step.loaded == []  # type: ignore[union-attr]
     assert len(list(tmp_path.glob("step-*.pt"))) == 8
