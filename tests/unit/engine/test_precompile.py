@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from torch._dynamo.utils import counters
 
 from gateway.engine import Engine, load_model
@@ -12,6 +13,8 @@ from gateway.engine.compiled import compiled_model
 from gateway.engine.precompile import Job, claimer, start, take_last
 
 from .test_batch import mixed_jobs, run_batch
+
+pytestmark = pytest.mark.compile
 
 KINDS = ["1x1", "1xN", "Bx1", "BxN"]
 
@@ -77,7 +80,9 @@ def test_taking_the_last_kinds_stops_where_the_helper_is(model_dirs, tmp_path, c
     assert taken == 1  # 1x1, then BxN is the helper's: 1xN and Bx1 are not taken
     assert f"step kind {at} left to the other process" in caplog.text
     assert [p.stem.split("-")[-2] for p in store.glob("step-*.pt")] == ["1x1"]
-    fast, _ = compiled_model(draft, 8, draft=True, store=store)
+    # what was taken loads (the kinds not taken would only compile here: the glob above
+    # shows that none of them was stored)
+    fast, _ = compiled_model(draft, 8, draft=True, store=store, kinds=frozenset({"1x1"}))
     assert fast.compiled.step.loaded == ["1x1"]  # type: ignore[union-attr]
 
 
