@@ -28,20 +28,34 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def probe(*args: str) -> dict[str, Any]:
-    done = subprocess.run(
+def probe(*args: str) -> subprocess.Popen[str]:
+    """The probe started (a process of its own: the threads it sees are its own alone)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "benchmarks._inference_probe", *args],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def test_only_the_inference_thread_opens_torch_thread_pools(tmp_path: Path) -> None:
-    served = probe("gateway", str(tmp_path / "ok"))
-    spoiled = probe("gateway", "--spoil", str(tmp_path / "spoiled"))
+    # the two probes run side by side: each process reads its own threads
+    running = (
+        probe("gateway", str(tmp_path / "ok")),
+        probe("gateway", "--spoil", str(tmp_path / "spoiled")),
+    )
+    try:
+        served, spoiled = (result(p) for p in running)
+    finally:
+        for p in running:
+            p.kill()
+            p.wait()
     assert spoiled["foreign_pools"], f"the control went unseen, the check is blind: {spoiled}"
     assert not served["foreign_pools"], f"threads besides the inference thread: {served}"
