@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (the imports below need llama_cpp: the module is skipped first without it)
 """Exactness on the llama.cpp backend, measured: the engine's loop, verifier, proposers,
 grammars, logprobs and stop handling run unchanged on llama.cpp's logits.
 
@@ -16,6 +17,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from .conftest import needs_llama_cpp
+
+needs_llama_cpp()
 
 from gateway.engine import DecodeRequest, DecodeResult, Engine, LoadedModel, SamplingParams
 from gateway.engine.backends.base import slot_cache

@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (the imports below need llama_cpp: the module is skipped first without it)
 """The llama.cpp backend's forward keeps the batch path's slot contract (backends/base.py).
 
 Each test states what a row's logits must equal: the torch model the GGUF was written from
@@ -9,6 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from .conftest import needs_llama_cpp
+
+needs_llama_cpp()
 
 from gateway.engine import LoadedModel
 from gateway.engine.backends.base import BackendCache, slot_cache

@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (the imports below need llama_cpp: the module is skipped first without it)
 """Sampled exactness on the llama.cpp backend: a speculative row sharing its target and draft
 forwards with neighbours emits the target's distribution, the target's as llama.cpp computes
 it (chi-square over the first token, top-k 6); the negative control (a residual sampled
@@ -11,6 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from .conftest import needs_llama_cpp
+
+needs_llama_cpp()
 
 from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams
 from gateway.engine import loop as loop_module
