@@ -10,8 +10,8 @@ bits on how many rows and tokens share its forward. Whether it does depends on t
 its BLAS: on some machines no run shows it, on others MKL rounds a row of a linear layer in
 products of 1, 2-3 and 4+ rows differently (`blas_row_classes` below) and
 scaled_dot_product_attention's output for one query changes with the number of queries,
-rows and padded keys (docs/benchmarks.md names the machines). Fp32 differences of ~1e-7 flip a greedy choice only where the
-target's two best tokens are that close.
+rows and padded keys (docs/benchmarks.md names the machines). Fp32 differences of ~1e-7
+flip a greedy choice only where the target's two best tokens are that close.
 
 What runs: the 16 code and held-out prompts, 64 greedy tokens, with the top-2 logprobs.
 Reference: each prompt alone, standard decoding (a batch of one row). Compared with it:
