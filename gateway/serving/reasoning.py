@@ -27,6 +27,7 @@ from typing import Any
 
 from gateway.engine import Grammar
 from gateway.engine.constraints.reasoning import Markers, ThinkingFirst
+from gateway.serving.tool_output import held_back
 
 START, END = "<think>", "</think>"
 Event = tuple[str, str]
@@ -142,7 +143,7 @@ class ReasoningReader:
                 self._emit("reasoning", self.buf[:at])
                 self.buf, self.state = self.buf[at + len(END) :], "gap"
                 return True
-            keep = _held(self.buf, END)
+            keep = held_back(self.buf, END)
             self._emit("reasoning", self.buf[: len(self.buf) - keep])
             self.buf = self.buf[len(self.buf) - keep :]
             return False
@@ -177,11 +178,3 @@ def split(text: str, reasoning: Reasoning | None) -> tuple[str | None, str]:
     reader.feed(text)
     reader.finish()
     return (reader.reasoning if reader.thought else None), reader.content
-
-
-def _held(buf: str, marker: str) -> int:
-    """Length of the longest suffix of ``buf`` that is a proper prefix of ``marker``."""
-    for n in range(min(len(buf), len(marker) - 1), 0, -1):
-        if marker.startswith(buf[-n:]):
-            return n
-    return 0

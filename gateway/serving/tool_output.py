@@ -50,7 +50,7 @@ def format_of(schema: Mapping[str, Any] | None) -> ToolFormat:
     return replace(fmt, hidden_tag=True) if schema and schema.get("hidden_tag") else fmt
 
 
-def _held(buf: str, marker: str) -> int:
+def held_back(buf: str, marker: str) -> int:
     """Length of the longest suffix of ``buf`` that is a proper prefix of ``marker``."""
     for n in range(min(len(buf), len(marker) - 1), 0, -1):
         if marker.startswith(buf[-n:]):
@@ -175,7 +175,7 @@ class ToolCallReader:
         if self.state == "text":
             hits = [(at, m) for m in self._marks() if (at := self.buf.find(m)) >= 0]
             at, mark = min(hits) if hits else (-1, "")
-            held = max((_held(self.buf, m) for m in self._marks()), default=0)
+            held = max((held_back(self.buf, m) for m in self._marks()), default=0)
             cut = at if at >= 0 else len(self.buf) - held
             if cut:
                 self._content(self.buf[:cut], events)
