@@ -63,11 +63,12 @@ def probe(model: Any, kwarg: str) -> float:
     steps of one token and of four."""
     from gateway.engine.batch.forward import batched_forward
     from gateway.engine.batch.slots import SlotCache
+    from gateway.engine.models import _context_length
 
     cfg = model.config
     device = next(model.parameters()).device
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    n = min(PROBE_TOKENS, _context(cfg) - 1)
+    n = min(PROBE_TOKENS, _context_length(cfg) - 1)
     gen = torch.Generator().manual_seed(0)
     seqs = [torch.randint(1, vocab, (n,), generator=gen).tolist() for _ in range(2)]
     seqs[1] = seqs[1][: n - 7]
@@ -107,11 +108,3 @@ def _schedule(seqs: list[list[int]]) -> list[list[list[int]]]:
         at = [min(len(s), a + width) for a, s in zip(at, seqs, strict=True)]
         width = 5 - width  # 1, 4, 1, 4...
     return steps
-
-
-def _context(cfg: Any) -> int:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(cfg, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return PROBE_TOKENS + 1
