@@ -46,7 +46,7 @@ from gateway.serving.decisions import PolicyService
 from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.models import ModelPool
 from gateway.serving.ratelimit import Limiter, Quota, Ticket
-from gateway.serving.reasoning import Reasoning
+from gateway.serving.reasoning import Reasoning, thinks
 from gateway.serving.reasoning import detect as detect_reasoning
 from models_registry.manifest import ModelEntry
 from policies import RequestFeatures
@@ -279,13 +279,14 @@ async def prepare(pool: ModelPool, cmd: Generate, tenant: str | None = None) -> 
             raise invalid(f"logit_bias token id {token_id} is not in [0, {vocab})", "logit_bias")
     async with helper_threads.hold(tenant):
         compiled, schema = await _grammar(cmd, engine, entry.tool_format)
-        thinks = None
-        if cmd.messages is not None:  # the first call per tokenizer reads its vocabulary
-            thinks = await asyncio.to_thread(detect_reasoning, engine.tokenizer, prompt_text)
+        thinking = None
+        if cmd.messages is not None and thinks(engine.tokenizer):  # the first call per
+            # tokenizer reads its vocabulary, so it runs in a helper thread
+            thinking = await asyncio.to_thread(detect_reasoning, engine.tokenizer, prompt_text)
     return Prepared(
         entry, engine, prompt_text, prompt_ids, max_tokens,
         compiled.new() if compiled else None, schema,
-        features(cmd, len(prompt_ids), max_tokens), compiled, thinks,
+        features(cmd, len(prompt_ids), max_tokens), compiled, thinking,
     )  # fmt: skip
 
 

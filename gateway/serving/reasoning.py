@@ -41,10 +41,15 @@ class Reasoning:
     inside: bool  # the prompt ended inside the thinking
 
 
+def thinks(tokenizer: Any) -> bool:
+    """Whether the model's chat template uses think tags (a string check: cheap)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and START in template and END in template
+
+
 def detect(tokenizer: Any, prompt_text: str) -> Reasoning | None:
     """The request's Reasoning when the model's chat template uses think tags, else None."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str) or START not in template or END not in template:
+    if not thinks(tokenizer):
         return None
     tail = prompt_text.rstrip()
     return Reasoning(_markers(tokenizer), inside=tail.endswith(START))
