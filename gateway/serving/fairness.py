@@ -18,6 +18,13 @@ mechanisms, each bounded by the tenant's policy (`fairness` in its document):
   tenants that stay backlogged, the counters part by at most what one admission adds before
   the other is picked again: one request row's weighted tokens (prompt + 2 x max_tokens)
   over its weight, the paper's bound with one row per admission.
+- **Fair steps.** A row holds its slot until its request ends, so admission alone cannot
+  keep a long request's rows from slowing another tenant's: on a CPU a step costs about in
+  proportion to its rows. So each step, among the tenants with rows in the batch, the rows
+  of a tenant whose counter leads the least one by more than `PACE_LEAD` sit the step out
+  (they keep their slots and caches; the others step without them). A tenant alone in its
+  batch never sits out (the capacity nobody else uses stays its), and between two tenants
+  decoding together the counters part by at most `PACE_LEAD` plus one step's tokens.
 - **Share-aware refusals.** A full queue refuses the arrival only when its tenant holds at
   least its equal share of the queue (capacity / backlogged tenants); otherwise the newest
   job of the tenant holding the most jobs past its share is evicted (it ends with
@@ -33,7 +40,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,6 +52,9 @@ FAIR_WAIT = "fairness.waited"
 another tenant's ran first (or because its tenant held its row cap while a row was free)."""
 PROMPT_WEIGHT = 1.0
 OUTPUT_WEIGHT = 2.0
+PACE_LEAD = 64.0
+"""Weighted tokens (over weight) a tenant's counter may lead the least counter among the
+tenants decoding in its batch before its rows sit a step out (`FairQueue.pace`)."""
 
 
 class Overloaded(Exception):
@@ -217,6 +227,17 @@ class FairQueue:
                 self._idle_check(t)
         self.waiting -= len(dropped)
         return dropped
+
+    def pace(self, tenants: Collection[str]) -> set[str]:
+        """Of the tenants with rows in one batch, those whose rows sit this step out: each
+        whose counter leads the least of them by more than `PACE_LEAD`. None when fewer
+        than two tenants share the batch."""
+        present = set(tenants)
+        if len(present) < 2:
+            return set()
+        with self._lock:
+            least = min(self._served[t] for t in present)
+            return {t for t in present if self._served[t] > least + PACE_LEAD}
 
     def charge(self, share: Share, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
         """Tokens served to a tenant's row, weighted, over the tenant's weight."""

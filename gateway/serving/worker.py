@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gateway.engine import DecodeRequest, Engine, Finished, LoadedModel
-from gateway.engine.batch.scheduler import Batch, Event
+from gateway.engine.batch.scheduler import Batch, Event, Row
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
 from gateway.engine.schema import Delta
 from gateway.serving.fairness import SYSTEM, FairQueue, Overloaded, Share
@@ -309,7 +309,7 @@ class InferenceWorker:
             # 3. One step of every batch (all its rows together), then of every other job;
             #    the batches' events go out together, then the other jobs'.
             out = _Outbox()
-            for job, events in batches.step():
+            for job, events in batches.step(self.fair.pace):
                 for event in events:
                     if isinstance(event, Exception):
                         self._finish(job, event, out)
@@ -424,13 +424,24 @@ class _Batches:
         row = batch.add(d.engine.prepare(d.request, d.draft), job.cancelled.is_set)
         self._jobs[id(row)] = job
 
-    def step(self) -> list[tuple[Job, list[Event]]]:
+    def step(
+        self, pace: Callable[[list[str]], set[str]] | None = None
+    ) -> list[tuple[Job, list[Event]]]:
+        """One step of every batch. ``pace(tenants)``: of the tenants with rows in a batch,
+        those whose rows sit the step out (serving/fairness.py `FairQueue.pace`); their
+        jobs are marked as having waited for fairness."""
         out: list[tuple[Job, list[Event]]] = []
         for key, batch in list(self._batches.items()):
             if not batch.rows:
                 continue
+            held: list[Row] = []
+            if pace is not None:
+                sitting = pace([self._jobs[id(r)].share.tenant for r in batch.rows])
+                held = [r for r in batch.rows if self._jobs[id(r)].share.tenant in sitting]
+                for row in held:
+                    self._jobs[id(row)].fair_wait = True
             try:
-                stepped = batch.step()
+                stepped = batch.step(held)
             except Exception as exc:  # a shared forward failed (a bug, out of memory):
                 # every row of the batch ends with the error instead of the thread dying
                 # and every request hanging; the next arrival gets a fresh batch

@@ -32,7 +32,7 @@ tests/unit/engine/test_batch.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -189,24 +189,33 @@ class Batch:
         for key in [k for k, db in self.drafts.items() if not db.members]:
             del self.drafts[key]
 
-    def step(self) -> list[tuple[Row, list[Event]]]:
-        """One step of every row; returns the events each row produced. A row's last event
-        is its Finished (or the Exception its step raised); it has then left the batch."""
+    def step(self, held: Collection[Row] = ()) -> list[tuple[Row, list[Event]]]:
+        """One step of every row but those ``held`` (they sit this step out, keeping their
+        slots: the serving layer's fair sharing, serving/fairness.py `pace`); returns the
+        events each row produced. A row's last event is its Finished (or the Exception its
+        step raised); it has then left the batch. A held row whose request was cancelled
+        ends now."""
         events: dict[int, list[Event]] = {id(r): [] for r in self.rows}
         started = time.perf_counter()
         self._observe_overhead(started)
         self._forward_s = 0.0
+        sitting = {id(r) for r in held}
+        stepping = [r for r in self.rows if id(r) not in sitting]
+        for row in self.rows:
+            if id(row) in sitting and row.cancelled is not None and row.cancelled():
+                row.cfg.output.finish("cancelled")
+                events[id(row)] += self._finish(row)
         with torch.inference_mode():
-            prefilled = self._prefill()
+            prefilled = self._prefill(stepping)
             ks: list[tuple[Row, int]] = []
             choose_batch_k(
-                [r.cfg for r in self.rows if not r.prefilling],
+                [r.cfg for r in stepping if not r.prefilling],
                 self.costs.get(id(self.target)),
                 {key: (db.draft, db.costs) for key, db in self.drafts.items()},
                 explore_offset(self.steps),
             )  # 3a. one k for the batch's adaptive rows (now and then a neighbour)
             self.steps += 1
-            for row in self.rows:
+            for row in stepping:
                 if row.prefilling:
                     if row.cancelled is not None and row.cancelled():
                         row.cfg.output.finish("cancelled")
@@ -251,7 +260,7 @@ class Batch:
 
     # -- the steps ------------------------------------------------------------------------
 
-    def _prefill(self) -> bool:
+    def _prefill(self, stepping: list[Row]) -> bool:
         """1. The oldest prefilling rows feed their next chunks (at most `prefill_chunk`
         tokens a row) in one forward, within a budget of `prefill_budget` tokens (rows x
         longest chunk, padding included): arrivals that come together prefill together,
@@ -267,7 +276,7 @@ class Batch:
         ms a token), so a 141-token prompt prefilled as 128 + 12 took 13.7 ms more than
         its first chunk alone, and its first token came a step later. Alone, no other row
         is padded to its width, so a slot's pad still holds every filler."""
-        waiting = [r for r in self.rows if r.prefilling and not r.finished]
+        waiting = [r for r in stepping if r.prefilling and not r.finished]
         if not waiting:
             return False
         group: list[tuple[Row, list[int]]] = []

@@ -1,0 +1,94 @@
+"""Fair steps (serving/fairness.py `FairQueue.pace`): a row holds its slot until its request
+ends, so a tenant that came first with many long rows would slow every step another tenant's
+row takes. Each step, the rows of a tenant whose virtual counter leads the batch's least by
+more than PACE_LEAD sit the step out. Checked on the real worker and a tiny model: the
+victim gets steps of its own, the counters stay within the stated bound, and every row,
+held or not, still decodes exactly what it decodes alone. The negative control turns the
+pacing off: the same checks then fail."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.engine import DecodeRequest, Finished, SamplingParams
+from gateway.serving.fairness import OUTPUT_WEIGHT, PACE_LEAD, FairQueue, Share
+from tests.unit.serving.test_worker import spied_engine, started
+
+HOG_ROWS = 3
+
+
+def test_pace_holds_only_a_tenant_that_leads_by_more_than_the_bound() -> None:
+    q = FairQueue(capacity=8, max_batch=4)
+    assert q.pace(["a", "a", "a"]) == set()  # alone: never held
+    q.charge(Share("a"), output_tokens=int(PACE_LEAD / OUTPUT_WEIGHT))
+    assert q.pace(["a", "b"]) == set()  # exactly at the bound
+    q.charge(Share("a"), output_tokens=1)
+    assert q.pace(["a", "a", "b"]) == {"a"}
+    assert q.pace(["a"]) == set()  # the other tenant left the batch
+    q.charge(Share("b", weight=0.5), output_tokens=int(PACE_LEAD / OUTPUT_WEIGHT))
+    assert q.pace(["a", "b"]) == set()  # b's tokens count double: b caught up
+
+
+async def _run(tmp_path: Path, monkeypatch: Any, pacing: bool) -> dict[str, Any]:
+    decode_rows: list[int] = []  # rows of each decoding forward (prefills left out)
+    engine = spied_engine(
+        tmp_path, monkeypatch,
+        lambda slots, tokens, kw: None if kw.get("keep_last") else decode_rows.append(len(slots)),
+    )  # fmt: skip
+    eos = engine.target.model.config.eos_token_id
+
+    def request(prompt: tuple[int, ...], n: int) -> DecodeRequest:
+        sampling = SamplingParams(temperature=0.0, max_tokens=n, banned_token_ids=(eos,))
+        return DecodeRequest(prompt, sampling)
+
+    hogs = [request((5 + i, 6, 7), 160) for i in range(HOG_ROWS)]
+    victim = request((9, 10, 11, 12), 48)
+    worker = started(max_active=8, max_batch=4)
+    if not pacing:
+        monkeypatch.setattr(worker.fair, "pace", lambda tenants: set())
+    try:
+        hog_jobs = [worker.submit_decode(engine, r, share=Share("hog")) for r in hogs]
+        hog_events = [worker.events(j) for j in hog_jobs]
+        for events in hog_events:  # every hog row is decoding before the victim arrives
+            await asyncio.wait_for(anext(events), timeout=60)
+        first = len(decode_rows)
+        job = worker.submit_decode(engine, victim, share=Share("victim"))
+        got = [e async for e in worker.events(job)]
+        lead = worker.fair.served("hog") - worker.fair.served("victim")
+        during = decode_rows[first:]
+        hog_results = []
+        for events in hog_events:
+            rest = [e async for e in events]
+            assert isinstance(rest[-1], Finished)
+            hog_results.append(rest[-1].result.token_ids)
+    finally:
+        worker.stop()
+    assert isinstance(got[-1], Finished)
+    # Exact whether held or not: every row decodes what it decodes alone.
+    assert got[-1].result.token_ids == engine.run(victim).token_ids
+    assert hog_results == [engine.run(r).token_ids for r in hogs]
+    return {
+        "victim_alone_steps": sum(1 for n in during if n == 1),
+        "lead": lead,
+        "hog_waited": all(j.fair_wait for j in hog_jobs),
+        "victim_waited": job.fair_wait,
+    }
+
+
+@pytest.mark.parametrize("pacing", [True, False], ids=["paced", "control-unpaced"])
+async def test_a_tenant_ahead_sits_steps_out_and_rows_stay_exact(
+    tmp_path: Path, monkeypatch: Any, pacing: bool
+) -> None:
+    seen = await _run(tmp_path, monkeypatch, pacing)
+    step = OUTPUT_WEIGHT * HOG_ROWS  # what one step of the hog's rows adds to its counter
+    fair = (
+        seen["victim_alone_steps"] > 0
+        and seen["lead"] <= PACE_LEAD + step
+        and seen["hog_waited"]
+        and not seen["victim_waited"]
+    )
+    assert fair is pacing, seen
