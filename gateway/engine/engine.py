@@ -24,6 +24,7 @@ from gateway.engine.proposers.base import Proposer
 from gateway.engine.proposers.draft_model import DraftModelProposer
 from gateway.engine.proposers.prediction import PredictionProposer
 from gateway.engine.proposers.prompt_lookup import PromptLookupProposer
+from gateway.engine.proposers.suffix import SuffixProposer
 from gateway.engine.sampling import LogitsShaper
 from gateway.engine.schema import DecodeRequest, DecodeResult, Delta, Finished
 from gateway.engine.stats import DecodeStats
@@ -156,6 +157,12 @@ class Engine:
                 c0 = static_c(t.model.config, draft.model.config)
             elif name == "prompt_lookup":
                 proposer = PromptLookupProposer()
+            elif name == "suffix":
+                # A seeded sampled request drafts from its own text only, so that its seed
+                # alone decides its output (a shared index changes with other requests).
+                seeded = sp.temperature > 0 and sp.seed is not None
+                src = None if seeded else req.suffix_source
+                proposer = SuffixProposer(None if src is None else src.index())
             elif name == "prediction":
                 if not req.prediction:
                     raise InvalidRequest("proposer 'prediction' needs the prediction text")

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from gateway.engine.constraints.base import Grammar
 from gateway.engine.kpolicy import KPrior
 from gateway.engine.stats import DecodeStats
 
+if TYPE_CHECKING:  # proposers/ imports the models, which import this module
+    from gateway.engine.proposers.suffix import SuffixIndex
+
 Mode = Literal["standard", "speculative"]
-ProposerName = Literal["draft", "prompt_lookup", "prediction"]
+ProposerName = Literal["draft", "prompt_lookup", "prediction", "suffix"]
 FinishReason = Literal["stop", "length", "cancelled"]
 DEFAULT_MIN_DRAFT_CONFIDENCE = 0.0
+
+
+class SuffixSource(Protocol):
+    """A shared suffix index handed over by its owner (proposers/suffix.py)."""
+
+    def index(self) -> SuffixIndex:
+        """The index, up to date; called on the decoding thread, the only one that reads
+        or changes it."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,9 @@ class DecodeRequest:
     # Inside a batch: whose kept prompt prefixes this request may reuse and leave behind
     # (batch/prefix.py; the serving layer passes the tenant). None: neither.
     cache_scope: str | None = None
+    # Proposer "suffix": where the shared index comes from (the serving layer passes the
+    # tenant's); None: the request's own prompt and output only.
+    suffix_source: SuffixSource | None = None
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,10 @@ class PolicyService:
         """The tenant's policy on draft versions (the rollout split respects it)."""
         return self.policies.active.policy_for(tenant).speculation.allows_draft_version
 
+    def proposers_for(self, tenant: str) -> tuple[str, ...]:
+        """The proposers the tenant's policy allows now."""
+        return self.policies.active.policy_for(tenant).speculation.proposers
+
     def context(
         self,
         tenant: str,

@@ -52,6 +52,7 @@ from gateway.serving.reasoning import reasoning_tokens
 from gateway.serving.reasoning import split as split_reasoning
 from gateway.serving.recorder import Observed, Recorder
 from gateway.serving.rollouts import RolloutTraffic
+from gateway.serving.suffix_store import SuffixStore
 from gateway.serving.tool_output import ParsedCall, check_output, format_of, read_calls
 from gateway.serving.tracing import RunTimings, Tracing, decision_attributes
 from gateway.serving.worker import InferenceWorker, Job, Overloaded
@@ -263,8 +264,10 @@ class GenerationService:
         tracing: Tracing | None = None,
         prefix_cache: bool = True,
         slots: RequestSlots | None = None,
+        suffix: SuffixStore | None = None,
     ) -> None:
         self.slots = slots or RequestSlots()  # each tenant's requests in flight, capped
+        self.suffix = suffix or SuffixStore()  # each tenant's texts, for proposer "suffix"
         self.tracing = tracing or Tracing(None)
         self.prefix_cache = prefix_cache  # rows reuse their tenant's kept prompt prefixes
         self.pool = pool
@@ -360,6 +363,19 @@ class GenerationService:
             await self.limiter.settle(gen.ticket, used)
         await self.traffic.observe(record, result)
         self.recorder.detach(self.policy.observe(gen.plan, result))
+        if outcome.error is None:
+            self._remember(gen)
+
+    def _remember(self, gen: Generation) -> None:
+        """A served request's prompt and outputs into its tenant's suffix index, when the
+        tenant's policy may use proposer "suffix" (others keep nothing)."""
+        tenant = gen.principal.tenant_id
+        if tenant is None or "suffix" not in self.policy.proposers_for(tenant):
+            return
+        for c in gen.choices:
+            if c.result is not None and c.result.token_ids:
+                self.suffix.record(tenant, gen.prepared.entry.name, gen.prompt_ids,
+                                   c.result.token_ids)  # fmt: skip
 
     async def refuse(
         self, principal: Principal | None, meta: RequestMeta, cmd: Generate | None,
@@ -437,6 +453,9 @@ class GenerationService:
             if speculative and decision.proposer == "draft":
                 assert decision.draft_version is not None
                 draft = await self.pool.draft(prepared.entry.name, decision.draft_version)
+            suffix = None
+            if speculative and decision.proposer == "suffix":
+                suffix = self.suffix.source(tenant, prepared.entry.name)
             for i in range(cmd.n):
                 grammar = prepared.grammar
                 if i and prepared.compiled is not None:
@@ -461,6 +480,7 @@ class GenerationService:
                     k_prior=_k_prior(plan),
                     may_pause=decision.auto_outcome is not None,  # auto: off where it won't pay
                     cache_scope=tenant if self.prefix_cache else None,
+                    suffix_source=suffix,
                 )
                 model = draft.model if draft else None
                 job = self.worker.submit_decode(prepared.engine, request, model, share)
