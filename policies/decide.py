@@ -7,7 +7,8 @@ Steps, in order (each names the YAML rule that decided in `Decision.rule_ids`):
 2. min_max_tokens  max_tokens below `speculation.min_max_tokens` -> standard.
 3. proposer        requested (if allowed and servable) or the first servable of
                    prediction (request has prediction text) > draft (a version available and
-                   allowed; the rollout's preferred one first) > prompt_lookup. None -> standard.
+                   allowed; the rollout's preferred one first) > suffix > prompt_lookup.
+                   None -> standard.
 4. k bounds        `speculation.k`, narrowed to the request's k when honoured.
 5. cost model      acceptance a and cost ratio c for (proposer, draft_version): the tenant's
                    history once it has `auto.min_samples`, else the global history, else
@@ -208,13 +209,13 @@ def _pick_proposer(
             if version is None:
                 return None, None
             return "draft", version
-        if requested in ("prediction", "prompt_lookup"):
+        if requested in ("prediction", "prompt_lookup", "suffix"):
             return requested, None
         trace.because(Reason.PROPOSER_NOT_ALLOWED, "builtin.compatibility")  # unknown name
         return None, None
 
     enforce = spec.enforcement == ENFORCE
-    for candidate in ("prediction", "draft", "prompt_lookup"):
+    for candidate in ("prediction", "draft", "suffix", "prompt_lookup"):
         if enforce and candidate not in spec.proposers:
             continue
         if candidate == "prediction" and not req.has_prediction:

@@ -19,7 +19,7 @@ from gateway.limits import MAX_K
 Schema = dict[str, Any]
 
 ENFORCEMENT: Schema = {"enum": ["enforce", "dryrun"]}
-PROPOSER: Schema = {"enum": ["draft", "prompt_lookup", "prediction"]}
+PROPOSER: Schema = {"enum": ["draft", "prompt_lookup", "prediction", "suffix"]}
 UNIT: Schema = {"type": "number", "minimum": 0, "maximum": 1}
 NON_NEGATIVE: Schema = {"type": "number", "minimum": 0}
 COUNT: Schema = {"type": "integer", "minimum": 0}
@@ -85,7 +85,9 @@ def _document_properties() -> dict[str, Schema]:
                     "maxProperties": 1,
                 },
                 "min_samples": COUNT,
-                "prior": _obj({"draft": prior, "prompt_lookup": prior, "prediction": prior}),
+                "prior": _obj(
+                    {"draft": prior, "prompt_lookup": prior, "prediction": prior, "suffix": prior}
+                ),
             }
         ),
         "retention": _obj({"payload_days": COUNT}),

@@ -13,11 +13,11 @@ from typing import Any, Final, Literal
 
 Mode = Literal["auto", "speculative", "standard"]
 EffectiveMode = Literal["speculative", "standard"]
-Proposer = Literal["draft", "prompt_lookup", "prediction"]
+Proposer = Literal["draft", "prompt_lookup", "prediction", "suffix"]
 Constraint = Literal["none", "json_object", "json_schema", "logit_bias"]
 
 MODES: Final = ("auto", "speculative", "standard")
-PROPOSERS: Final = ("draft", "prompt_lookup", "prediction")
+PROPOSERS: Final = ("draft", "prompt_lookup", "prediction", "suffix")
 CONSTRAINTS: Final = ("none", "json_object", "json_schema", "logit_bias")
 
 HistoryKey = tuple[str, str | None]

@@ -149,7 +149,7 @@ class AuditRecordRow(Base):
     target_sha256: Mapped[str | None] = mapped_column(String(64))
     """Digest of the target weights."""
     proposer: Mapped[str | None] = mapped_column(String(16))
-    """draft | prompt_lookup | prediction; null for standard decoding."""
+    """draft | prompt_lookup | prediction | suffix; null for standard decoding."""
     draft_model: Mapped[str | None] = mapped_column(String(128))
     """Draft model name (proposer=draft)."""
     draft_version: Mapped[str | None] = mapped_column(String(64))
@@ -243,7 +243,7 @@ class AuditAdmissionRow(Base):
     mode: Mapped[str] = mapped_column(String(16))
     """speculative | standard."""
     proposer: Mapped[str | None] = mapped_column(String(16))
-    """draft | prompt_lookup | prediction; null for standard decoding."""
+    """draft | prompt_lookup | prediction | suffix; null for standard decoding."""
     reason_codes: Mapped[list[str]] = mapped_column(JSON)
     """Policy reason codes (JSON list)."""
     policy_revision: Mapped[str | None] = mapped_column(String(64))
@@ -371,7 +371,7 @@ class AcceptanceStatsRow(Base):
     tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     """Tenant id, or ``*`` for the global history."""
     proposer: Mapped[str] = mapped_column(String(16), primary_key=True)
-    """draft | prompt_lookup | prediction."""
+    """draft | prompt_lookup | prediction | suffix."""
     draft_version: Mapped[str] = mapped_column(String(64), primary_key=True)
     """Draft version ('' for proposers without one)."""
     ewma_acceptance: Mapped[float] = mapped_column(Float)

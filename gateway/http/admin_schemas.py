@@ -65,7 +65,7 @@ class DecodingFeatures(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     """The request's ``decoding`` extension, as the OpenAI endpoints take it."""
 
     mode: Literal["auto", "speculative", "standard"] | UnsetType = UNSET
-    proposer: Literal["draft", "prompt_lookup", "prediction"] | UnsetType | None = UNSET
+    proposer: Literal["draft", "prompt_lookup", "prediction", "suffix"] | UnsetType | None = UNSET
     k: int | UnsetType | None = UNSET
 
 

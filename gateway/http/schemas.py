@@ -180,7 +180,7 @@ class Decoding(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Gateway extension: how to decode (honoured when the tenant's policy allows it)."""
 
     mode: Literal["auto", "speculative", "standard"] = "auto"
-    proposer: Literal["draft", "prompt_lookup", "prediction"] | None = None
+    proposer: Literal["draft", "prompt_lookup", "prediction", "suffix"] | None = None
     k: Annotated[int, Meta(ge=1, le=MAX_K, description="Draft tokens per step.")] | None = None
     open_objects: Annotated[
         bool,

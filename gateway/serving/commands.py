@@ -56,7 +56,7 @@ class RequestMeta:
 @dataclass(frozen=True)
 class DecodingOverride:
     mode: Literal["auto", "speculative", "standard"] = "auto"
-    proposer: Literal["draft", "prompt_lookup", "prediction"] | None = None
+    proposer: Literal["draft", "prompt_lookup", "prediction", "suffix"] | None = None
     k: int | None = None
     open_objects: bool = False
     """Objects a schema does not close may carry unnamed keys (the letter of JSON Schema);

@@ -15,7 +15,7 @@ from typing import Any
 
 MODES = frozenset({"speculative", "standard"})
 REQUESTED_MODES = frozenset({"auto", "speculative", "standard"})
-PROPOSERS = frozenset({"draft", "prompt_lookup", "prediction"})
+PROPOSERS = frozenset({"draft", "prompt_lookup", "prediction", "suffix"})
 CONSTRAINTS = frozenset({"none", "json_object", "json_schema", "tools", "logit_bias"})
 KEY_ROLES = frozenset({"tenant", "auditor"})
 OPERATOR_ROLES = frozenset({"admin", "policy-author", "rollout-operator", "auditor"})
