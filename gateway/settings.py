@@ -116,6 +116,14 @@ class Settings:
     tell what was sent). Reported as ``usage.prompt_tokens_details.cached_tokens`` and
     ``gateway_prompt_cached_tokens_total``. No memory beyond the batch's slots, which exist
     anyway. ``false``: every prompt is prefilled."""
+    fair_steps: str = "auto"
+    """``on``, ``off`` or ``auto``: each decoding step, the rows of a tenant that has been
+    served more than its share (its weighted tokens lead the least of the tenants sharing
+    the batch by more than a bound) sit the step out, so that they do not slow the others'
+    step (gateway/serving/fairness.py). On a CPU a step costs about in proportion to its
+    rows, so this is what keeps a tenant's latency beside another's long requests; on a GPU
+    a step of many rows costs about what one costs, so holding rows back would only waste
+    it. ``auto``: on, unless the models run on CUDA. ``true``/``false`` mean on/off."""
     torch_threads: int | None = None
     """CPU threads of the inference thread's torch kernels; default torch's own choice (the
     physical cores). The inference thread is the only one that runs torch."""

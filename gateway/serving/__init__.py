@@ -14,6 +14,7 @@ from gateway.database import AuditWriter, Database
 from gateway.database.audit.witness import Witness
 from gateway.database.base import Timeouts
 from gateway.engine import init_torch_thread, keep_verdicts
+from gateway.engine.models import default_device
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.checkpoints import CheckpointJob, make_witness, start_checkpoints
@@ -139,6 +140,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         kv_budget_tokens=settings.kv_budget_tokens,
         prefill_chunk=settings.prefill_chunk,
         prefill_budget=settings.prefill_budget,
+        fair_steps=_fair_steps(settings),
     )
     worker.start()
     compile_mode = _compile_mode(settings.compile)
@@ -244,6 +246,15 @@ def make_limiter(settings: Settings) -> Limiter:
 def _compile_mode(value: str) -> str:
     """GATEWAY_COMPILE: off, on or auto (true/false: on/off)."""
     return _auto_on_off("GATEWAY_COMPILE", value, ("off", "on", "auto"))
+
+
+def _fair_steps(settings: Settings) -> bool:
+    """GATEWAY_FAIR_STEPS: on, off or auto (on unless the models run on CUDA)."""
+    mode = _auto_on_off("GATEWAY_FAIR_STEPS", settings.fair_steps, ("off", "on", "auto"))
+    if mode != "auto":
+        return mode == "on"
+    device = settings.device or str(default_device())
+    return not device.startswith("cuda")
 
 
 def _graphs_mode(value: str) -> str:

@@ -12,9 +12,10 @@ mechanisms, each bounded by the tenant's policy (`fairness` in its document):
 - **Fair admission (VTC).** When a row frees, it goes to the backlogged tenant with the
   fewest virtual tokens served (the Virtual Token Counter of Sheng et al., "Fairness in
   Serving Large Language Models", OSDI 2024): each tenant's counter grows by its weighted
-  tokens (prompt tokens x 1, output tokens x 2, as in the paper) divided by its policy
-  `weight`. A tenant that starts waiting after being idle has its counter lifted to the
-  least counter of the tenants being served, so idleness banks no credit. Between two
+  tokens (prompt tokens computed x 1, a kept prefix not counted; output tokens x 2, as in
+  the paper) divided by its policy `weight`. A tenant that starts waiting after being idle
+  has its counter lifted to the least counter of the tenants being served, so idleness
+  banks no credit. Between two
   tenants that stay backlogged, the counters part by at most what one admission adds before
   the other is picked again: one request row's weighted tokens (prompt + 2 x max_tokens)
   over its weight, the paper's bound with one row per admission.

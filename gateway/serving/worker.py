@@ -163,14 +163,17 @@ class InferenceWorker:
         kv_budget_tokens: int | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
         prefill_budget: int = PREFILL_BUDGET,
+        fair_steps: bool = True,
     ) -> None:
-        """``on_start`` runs first on the thread (set torch's thread count there)."""
+        """``on_start`` runs first on the thread (set torch's thread count there).
+        ``fair_steps``: a tenant served past its share sits steps out (`FairQueue.pace`)."""
         if prefill_chunk < 1:
             raise ValueError(f"GATEWAY_PREFILL_CHUNK must be at least 1, got {prefill_chunk}")
         if prefill_budget < 1:
             raise ValueError(f"GATEWAY_PREFILL_BUDGET must be at least 1, got {prefill_budget}")
         self.prefill_chunk = prefill_chunk
         self.prefill_budget = prefill_budget
+        self.fair_steps = fair_steps
         self.capacity = capacity
         self.max_active = max_active
         self.max_batch = max_batch
@@ -309,7 +312,7 @@ class InferenceWorker:
             # 3. One step of every batch (all its rows together), then of every other job;
             #    the batches' events go out together, then the other jobs'.
             out = _Outbox()
-            for job, events in batches.step(self.fair.pace):
+            for job, events in batches.step(self.fair.pace if self.fair_steps else None):
                 for event in events:
                     if isinstance(event, Exception):
                         self._finish(job, event, out)
@@ -360,8 +363,9 @@ class InferenceWorker:
             job.admitted_ns = time.time_ns()
             try:
                 if job.decode is not None:
-                    batches.add(job)
-                    self.fair.charge(job.share, prompt_tokens=len(job.decode.request.prompt_ids))
+                    # the prompt tokens it computes: a reused prefix costs nothing
+                    fresh = batches.add(job)
+                    self.fair.charge(job.share, prompt_tokens=fresh)
                 else:
                     assert job.make is not None
                     active.append((job, job.make(job.cancelled.is_set)))
@@ -413,7 +417,9 @@ class _Batches:
         batch = self._batches.get(id(engine))
         return batch is None or batch.free > 0
 
-    def add(self, job: Job) -> None:
+    def add(self, job: Job) -> int:
+        """The job's row joins its engine's batch; returns the prompt tokens it will
+        prefill (those a kept prefix does not already hold)."""
         d = job.decode
         assert d is not None
         batch = self._batches.get(id(d.engine))
@@ -423,6 +429,7 @@ class _Batches:
             self._batches[id(d.engine)] = batch
         row = batch.add(d.engine.prepare(d.request, d.draft), job.cancelled.is_set)
         self._jobs[id(row)] = job
+        return len(row.cfg.prompt_ids) - row.prefilled
 
     def step(
         self, pace: Callable[[list[str]], set[str]] | None = None

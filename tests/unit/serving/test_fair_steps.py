@@ -92,3 +92,28 @@ async def test_a_tenant_ahead_sits_steps_out_and_rows_stay_exact(
         and not seen["victim_waited"]
     )
     assert fair is pacing, seen
+
+
+async def test_a_reused_prompt_prefix_is_not_charged(tmp_path: Path, monkeypatch: Any) -> None:
+    """The counter grows by the prompt tokens computed: the same tenant's second request on
+    a kept prefix is charged only what it prefills (and its output)."""
+    engine = spied_engine(tmp_path, monkeypatch, lambda *_: None)
+    prompt = tuple(range(5, 45))
+    req = DecodeRequest(
+        prompt, SamplingParams(temperature=0.0, max_tokens=4), cache_scope="tenant:a"
+    )  # fmt: skip
+    worker = started(max_active=8, max_batch=4)
+    charged = []
+    try:
+        for _ in range(2):
+            before = worker.fair.served("a")
+            events = [
+                e async for e in worker.events(worker.submit_decode(engine, req, share=Share("a")))
+            ]
+            assert isinstance(events[-1], Finished)
+            out = len(events[-1].result.token_ids)
+            charged.append(worker.fair.served("a") - before - OUTPUT_WEIGHT * out)
+    finally:
+        worker.stop()
+    assert charged[0] == len(prompt)  # the first prefills all of it
+    assert charged[1] < len(prompt) / 4, charged  # the second reuses the kept prefix
