@@ -1,0 +1,223 @@
+"""Proposers side by side: standard, draft v2, prompt lookup and suffix decoding (issue 47).
+
+    python -m benchmarks [--quick] proposers
+
+Greedy, one client (Engine.run, one request at a time), the demo pair of
+models_registry/demo/manifest.yaml, adaptive k in [1, 8], 128 new tokens. Two workloads:
+
+- heldout: benchmarks/prompts/heldout.jsonl (held-out standard-library code), one request
+  per prompt, in order.
+- agentic: a constructed agent session over the same files, in order, per file:
+  1. read:   the file's code (a tool result) -> the model's continuation.
+  2. edit:   the conversation so far (code + continuation), a comment asking for the code
+             again with one edit, and the edited code's first lines: the model re-emits
+             the earlier code (with the edit where it goes).
+  3. retry:  the read again, byte for byte (an agent re-running the same tool call).
+  4. log:    a JSON log of the session's tool calls so far, one call a line, for the
+             model to continue (repeated calls of the same few tools).
+  The suffix proposer gets one tenant index for the whole workload, fed with each finished
+  request's prompt and output (what gateway/serving/suffix_store.py does), empty at the
+  start of every timed run: it sees only the session's earlier requests.
+
+Reported per config and workload: tau = tokens per target forward (1.0 for standard),
+acceptance = accepted / drafted, tokens/s, speed over standard (median of paired per-run
+ratios) and whether the output equals standard decoding's. Configs are interleaved per
+request so that load on the shared machine hits them alike. The goal from the issue:
+suffix's tau >= 2x prompt lookup's on the agentic workload.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks._pairs import load_pair
+from gateway.engine import DecodeRequest, DecodeResult, Engine, LoadedModel, SamplingParams
+from gateway.engine.proposers.suffix import SuffixIndex
+
+HERE = Path(__file__).resolve().parent
+HELDOUT = HERE / "prompts" / "heldout.jsonl"
+NEW_TOKENS = 128
+K_MIN, K_MAX = 1, 8
+BUDGET = 65_536  # the serving layer's default per-tenant budget
+CONFIGS = ("standard", "draft_v2", "prompt_lookup", "suffix")
+TOOLS = ("read_file", "apply_edit", "run_tests")
+
+
+class _Tenant:
+    """The workload's one tenant index (a SuffixSource), fed after every suffix request."""
+
+    def __init__(self) -> None:
+        self.suffix = SuffixIndex(BUDGET)
+
+    def index(self) -> SuffixIndex:
+        return self.suffix
+
+
+@dataclass
+class _Runs:
+    seconds: list[float] = field(default_factory=list)  # per run, all requests
+    results: list[DecodeResult] = field(default_factory=list)  # of the last run
+
+
+def _files(quick: bool) -> list[dict[str, str]]:
+    lines = [json.loads(x) for x in HELDOUT.read_text().splitlines() if x.strip()]
+    return lines[:3] if quick else lines
+
+
+def _edit(code: str) -> str:
+    """One edit an agent might make: rename the first function's first parameter after
+    self (or `self` itself), else add a comment line."""
+    for old, new in ((", node", ", tree"), ("(self, ", "(self, *, "), ("self", "this")):
+        if old in code:
+            return code.replace(old, new, 1)
+    return "# edited\n" + code
+
+
+def _agentic_prompts(engine: Engine, files: list[dict[str, str]]) -> list[list[str]]:
+    """Per file, the session's four prompts; later prompts hold the target's own greedy
+    continuations of the earlier ones (computed here once, standard decoding)."""
+    sessions: list[list[str]] = []
+    log: list[str] = []
+    for f in files:
+        code = f["prompt"]
+        read = f"# tool: read_file path={f['name']}\n{code}"
+        out = _greedy_text(engine, read)
+        edited = _edit(code)
+        head = "\n".join(edited.splitlines()[:3]) + "\n"
+        edit = (
+            f"{read}{out}\n\n# tool: apply_edit path={f['name']} (the code again, edited)\n{head}"
+        )
+        for tool in TOOLS:
+            log.append(json.dumps({"tool": tool, "arguments": {"path": f["name"]}}))
+        sessions.append([read, edit, read, "\n".join(log) + "\n"])
+    return sessions
+
+
+def _greedy_text(engine: Engine, text: str) -> str:
+    ids = tuple(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return engine.run(
+        DecodeRequest(ids, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))
+    ).text
+
+
+def _requests(
+    p: tuple[int, ...], tenant: _Tenant, draft: LoadedModel
+) -> list[tuple[str, DecodeRequest, LoadedModel | None]]:
+    sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+    spec = {"mode": "speculative", "k_min": K_MIN, "k_max": K_MAX}
+    return [
+        ("standard", DecodeRequest(p, sp), None),
+        ("draft_v2", DecodeRequest(p, sp, proposer="draft", **spec), draft),  # type: ignore[arg-type]
+        ("prompt_lookup", DecodeRequest(p, sp, proposer="prompt_lookup", **spec), None),  # type: ignore[arg-type]
+        ("suffix", DecodeRequest(p, sp, proposer="suffix", suffix_source=tenant, **spec), None),  # type: ignore[arg-type]
+    ]
+
+
+def _workload(
+    engine: Engine, draft: LoadedModel, prompts: list[tuple[int, ...]], runs: int
+) -> dict[str, Any]:
+    configs = {name: _Runs() for name in CONFIGS}
+    for _ in range(runs):
+        tenant = _Tenant()  # empty at the start of every run
+        secs = dict.fromkeys(CONFIGS, 0.0)
+        results: dict[str, list[DecodeResult]] = {n: [] for n in CONFIGS}
+        for p in prompts:
+            for name, req, d in _requests(p, tenant, draft):
+                t0 = time.perf_counter()
+                res = engine.run(req, draft=d)
+                secs[name] += time.perf_counter() - t0
+                results[name].append(res)
+            tenant.suffix.add((*p, *results["suffix"][-1].token_ids))
+        for name in CONFIGS:
+            configs[name].seconds.append(secs[name])
+            configs[name].results = results[name]
+    base = configs["standard"]
+    return {
+        "requests": len(prompts),
+        "prompt_tokens": sum(map(len, prompts)),
+        "configs": {name: _summary(cr, base) for name, cr in configs.items()},
+    }
+
+
+def _summary(run: _Runs, base: _Runs) -> dict[str, Any]:
+    tokens = sum(len(r.token_ids) for r in run.results)
+    forwards = sum(r.stats.target_forwards for r in run.results)
+    drafted = sum(r.stats.drafted for r in run.results)
+    accepted = sum(r.stats.accepted for r in run.results)
+    secs = statistics.median(run.seconds)
+    ratios = [b / s for b, s in zip(base.seconds, run.seconds, strict=True)]
+    return {
+        "tokens": tokens,
+        "target_forwards": forwards,
+        "tau": round(tokens / max(forwards, 1), 3),
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance": round(accepted / drafted, 4) if drafted else None,
+        "seconds_median": round(secs, 3),
+        "seconds_runs": [round(s, 3) for s in run.seconds],
+        "tokens_per_s": round(tokens / secs, 2),
+        "speed_over_standard": round(statistics.median(ratios), 3),
+        "same_output_as_standard": [r.token_ids for r in run.results]
+        == [r.token_ids for r in base.results],
+    }
+
+
+def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
+    threads = int(os.environ.get("ENGINE_BENCH_THREADS", "0")) or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    pair = load_pair()
+    engine = Engine(pair.target)
+    draft = pair.drafts["v2"]
+    files = _files(quick)
+    tok = engine.tokenizer
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tok(text, add_special_tokens=False)["input_ids"])
+
+    heldout = [ids(f["prompt"]) for f in files]
+    agentic = [ids(t) for session in _agentic_prompts(engine, files) for t in session]
+    runs = 1 if quick else 2
+    _workload(engine, draft, heldout[:1], 1)  # warm-up: every config once
+    result: dict[str, Any] = {
+        "models": pair.source,
+        "device": str(pair.target.device),
+        "torch_threads": threads,
+        "new_tokens": NEW_TOKENS,
+        "k": [K_MIN, K_MAX],
+        "runs": runs,
+        "workloads": {
+            "heldout": _workload(engine, draft, heldout, runs),
+            "agentic": _workload(engine, draft, agentic, runs),
+        },
+    }
+    ag = result["workloads"]["agentic"]["configs"]
+    ratio = ag["suffix"]["tau"] / max(ag["prompt_lookup"]["tau"], 1e-9)
+    result["goal"] = {
+        "suffix_tau_over_prompt_lookup_agentic": round(ratio, 3),
+        "target": 2.0,
+        "met": ratio >= 2.0,
+    }
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = ["workload  config         tau    accept  tok/s   x std  same"]
+    for wname, w in result["workloads"].items():
+        for name, c in w["configs"].items():
+            acc = "-" if c["acceptance"] is None else f"{c['acceptance']:.3f}"
+            rows.append(
+                f"{wname:9} {name:13} {c['tau']:6.3f} {acc:>7} {c['tokens_per_s']:7.1f} "
+                f"{c['speed_over_standard']:6.3f}  {c['same_output_as_standard']}"
+            )
+    g = result["goal"]
+    ratio, met = g["suffix_tau_over_prompt_lookup_agentic"], "met" if g["met"] else "missed"
+    rows.append(f"suffix tau / prompt lookup tau (agentic): {ratio} (goal >= 2.0: {met})")
+    return "\n".join(rows)
