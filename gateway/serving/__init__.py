@@ -164,6 +164,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         compile_store=compile_store, compile_helper=settings.compile_helper,
         prefill_chunk=settings.prefill_chunk,
     )  # fmt: skip
+    pool.verified = Path(settings.var_dir) / "verified-weights.json"
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)
     view = RolloutView(store, pool, recorder.detach)

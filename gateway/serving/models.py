@@ -92,6 +92,10 @@ class ModelPool:
         self.compile_store = compile_store
         self.compile_helper = compile_helper
         self.prefill_chunk = prefill_chunk
+        # Weights already hashed to their manifest checksum, by their files' stats
+        # (models_registry verify_sha256): a restart does not read unchanged shards again.
+        # None: every load hashes.
+        self.verified: Path | None = None
         self._preloaded: dict[tuple[str, str], LoadedModel] = {}  # loaded, not yet served
         self._then: Later | None = None  # the next compile's kinds to leave to the helper
         self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
@@ -199,7 +203,7 @@ class ModelPool:
         return precompile.start(jobs, store, models=mine) if busy and jobs else None
 
     async def _preload(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
-        await asyncio.to_thread(verify_sha256, entry)
+        await asyncio.to_thread(verify_sha256, entry, self.verified)
         model: LoadedModel = await self._run(lambda: self._load(entry, draft_vocab))
         self._preloaded[(entry.name, entry.version)] = model
         return model
@@ -242,7 +246,8 @@ class ModelPool:
         entry = entries[-1]
         model = self._preloaded.pop((entry.name, entry.version), None)
         if model is None:
-            await asyncio.to_thread(verify_sha256, entry)  # no torch: keeps decoding going
+            # no torch: keeps decoding going
+            await asyncio.to_thread(verify_sha256, entry, self.verified)
         engine: Engine = await self._run(lambda: self._load_target(entry, model))
         with self._lock:
             self._engines.setdefault(name, (entry, engine))
@@ -339,7 +344,7 @@ class ModelPool:
         _, engine = await self.target(target)
         loaded = self._preloaded.pop(key, None)
         if loaded is None:
-            await asyncio.to_thread(verify_sha256, entry)
+            await asyncio.to_thread(verify_sha256, entry, self.verified)
         model: LoadedModel = await self._run(lambda: self._load_draft(entry, engine, loaded))
         with self._lock:
             return self._drafts.setdefault(key, DraftHandle(entry, model))
