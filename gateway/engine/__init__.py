@@ -3,6 +3,7 @@
 Leaf package: torch + transformers only (no tenants, HTTP, database or YAML).
 """
 
+from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.constraints import Grammar, TokenSequencesGrammar
 from gateway.engine.cpu_linear import keep_verdicts
 from gateway.engine.engine import Engine, StepCost
@@ -44,6 +45,7 @@ __all__ = [
     "Engine",
     "EngineError",
     "Finished",
+    "ForwardCosts",
     "Grammar",
     "GrammarDeadEnd",
     "InvalidRequest",

@@ -94,13 +94,16 @@ class Engine:
         in all (batch/scheduler.py)."""
         return Batch(self._target, max_rows, prefill_chunk, self.costs, prefill_budget)
 
-    def measure_costs(self, max_rows: int, draft: LoadedModel | None = None) -> ForwardCosts:
+    def measure_costs(
+        self, max_rows: int, draft: LoadedModel | None = None, known: ForwardCosts | None = None
+    ) -> ForwardCosts:
         """Time the target's (or a draft's) forwards for batches of up to `max_rows` rows
-        (batch/costs.py); a second call for the same model returns the first result."""
+        (batch/costs.py), or start from ``known`` (the same model's forwards timed on this
+        machine before); a second call for the same model returns the first result."""
         lm = self._target if draft is None else draft
         if id(lm) not in self.costs:
             tokens = (1, 2, 3, 5, 9) if draft is None else (1, 2)
-            self.costs[id(lm)] = probe(lm, max_rows, tokens)
+            self.costs[id(lm)] = known if known is not None else probe(lm, max_rows, tokens)
         return self.costs[id(lm)]
 
     def cost_at(self, rows: int, k_max: int, draft: LoadedModel | None = None) -> StepCost | None:

@@ -18,6 +18,7 @@ from gateway.engine.models import default_device
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.checkpoints import CheckpointJob, make_witness, start_checkpoints
+from gateway.serving.cost_store import CostStore
 from gateway.serving.decisions import PolicyService
 from gateway.serving.generation import GenerationService
 from gateway.serving.models import ModelPool
@@ -165,6 +166,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         prefill_chunk=settings.prefill_chunk,
     )  # fmt: skip
     pool.verified = Path(settings.var_dir) / "verified-weights.json"
+    pool.costs = CostStore(Path(settings.var_dir) / "forward-costs.json")
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)
     view = RolloutView(store, pool, recorder.detach)

@@ -30,6 +30,7 @@ from gateway.engine import (
 )
 from gateway.engine.batch.slots import PREFILL_CHUNK
 from gateway.engine.compiled import Later, compiled_model, stored
+from gateway.serving.cost_store import CostStore, cost_key
 from gateway.serving.errors import GatewayError
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
 
@@ -96,6 +97,9 @@ class ModelPool:
         # (models_registry verify_sha256): a restart does not read unchanged shards again.
         # None: every load hashes.
         self.verified: Path | None = None
+        # Forward costs timed at an earlier start with the same model and machine
+        # (serving/cost_store.py); None: every load probes.
+        self.costs: CostStore | None = None
         self._preloaded: dict[tuple[str, str], LoadedModel] = {}  # loaded, not yet served
         self._then: Later | None = None  # the next compile's kinds to leave to the helper
         self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
@@ -318,11 +322,16 @@ class ModelPool:
         if self.compile_rows is not None:
             rows = min(rows, self.compile_rows(engine.target.context_length))
         t0 = time.perf_counter()
-        costs = engine.measure_costs(rows, draft)
+        lm = engine.target if draft is None else draft
+        key = cost_key(entry, lm, rows, f"cpu_linear={self.cpu_linear}")
+        known = self.costs.get(key) if self.costs is not None else None
+        costs = engine.measure_costs(rows, draft, known)
+        if known is None and self.costs is not None:
+            self.costs.put(key, costs)
         log.info(
-            "forward costs of %s v%s measured for up to %d rows: %d shapes in %.2f s",
-            entry.name, entry.version, rows, len(costs.means),
-            time.perf_counter() - t0,
+            "forward costs of %s v%s %s for up to %d rows: %d shapes in %.2f s",
+            entry.name, entry.version, "measured" if known is None else "kept from a start",
+            rows, len(costs.means), time.perf_counter() - t0,
         )  # fmt: skip
 
     # -- drafts ------------------------------------------------------------------------

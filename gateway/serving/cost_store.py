@@ -1,0 +1,82 @@
+"""Forward costs measured at load, kept for the next start on the same machine.
+
+At load the pool times each model's forwards for every row bucket (engine/batch/costs.py
+`probe`), so that auto mode's cost model starts from measurements. At realistic sizes on a
+CPU that is most of the start (minutes for a 1.5B target). The timings depend on the model's
+weights and forward strategy and on the machine, not on anything a restart changes, so they
+are kept in the var dir (``forward-costs.json``) under a key naming all of those: the
+weights' checksum, device, dtype, the rows probed, the compiled kinds and lean decoder, the
+torch version and threads, the CPU model and count. A start with the same key adopts them
+instead of probing; any difference probes again. They are a starting point either way: the
+batch goes on observing every real forward and follows the machine's actual load. An
+unreadable file is ignored (and rewritten at the next probe).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from gateway.engine import ForwardCosts, LoadedModel
+from models_registry.manifest import ModelEntry
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cost_key(entry: ModelEntry, lm: LoadedModel, rows: int, options: str = "") -> str:
+    """What the timings of ``lm``'s forwards for up to ``rows`` rows depend on.
+    ``options``: the pool's settings that change the forward (e.g. its CPU linear form)."""
+    compiled = lm.compiled
+    return json.dumps({
+        "weights": entry.sha256, "model": entry.key, "device": str(lm.device),
+        "dtype": str(next(lm.model.parameters()).dtype), "rows": rows,
+        "compiled": sorted(compiled.kinds) if compiled is not None else None,
+        "decoder": type(lm.decoder).__name__ if lm.decoder is not None else None,
+        "options": options, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "cpu": _cpu_model(), "cpus": os.cpu_count(),
+    }, sort_keys=True)  # fmt: skip
+
+
+class CostStore:
+    """The kept forward costs, one JSON file: key -> [[row bucket, tokens, seconds], ...]."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _read(self) -> dict[str, list[list[float]]]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, key: str) -> ForwardCosts | None:
+        points = self._read().get(key)
+        if not isinstance(points, list) or not points:
+            return None
+        try:
+            means = {(int(r), int(t)): float(s) for r, t, s in points}
+        except (TypeError, ValueError):
+            return None
+        return ForwardCosts(means=means)
+
+    def put(self, key: str, costs: ForwardCosts) -> None:
+        data = self._read()
+        data[key] = [[r, t, s] for (r, t), s in sorted(costs.means.items())]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        tmp.replace(self.path)
