@@ -2,9 +2,10 @@
 with uvicorn.
 
 Settings that would make the gateway unsafe (a sample or short admin key, OIDC without
-issuer or audience, a JWKS over plain http) stop the start here with one line and exit
-status 2, before the models load. The start line never shows a password: connection URLs
-are printed with it masked (``postgresql+asyncpg://gateway:***@db/gateway``).
+issuer or audience, a JWKS over plain http) or that it cannot serve (an S3 checkpoint bucket
+without boto3) stop the start here with one line and exit status 2, before the models load.
+The start line never shows a password: connection URLs are printed with it masked
+(``postgresql+asyncpg://gateway:***@db/gateway``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import uvicorn
 from sqlalchemy.engine import make_url
 
 from gateway.asgi import create_app
-from gateway.serving import make_oidc
+from gateway.serving import make_oidc, make_s3_sink
 from gateway.serving.auth import check_admin_key
 from gateway.settings import Settings
 
@@ -52,6 +53,7 @@ def check_settings(settings: Settings) -> None:
     (the same checks run again where the services are built)."""
     check_admin_key(settings.admin_key)
     make_oidc(settings)
+    make_s3_sink(settings)
 
 
 def main() -> None:

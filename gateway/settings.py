@@ -182,6 +182,27 @@ class Settings:
     audit_witness_vkey: str | None = None
     """The witness's verifier key (``<name>+<id>+<key>``): its cosignatures are checked
     before they are stored. Unset: stored as they come (the verifier checks them anyway)."""
+    audit_s3_bucket: str | None = None
+    """An S3 bucket with Object Lock enabled: each checkpoint this replica signs is put there
+    as one object under a retention lock (docs/audit.md, "Where the checkpoints go"), which
+    nobody, in ``COMPLIANCE`` mode not even the account's root user, can delete or shorten
+    before it ends. Needs boto3 (the ``s3`` extra: the start stops without it); credentials
+    and region from boto3's standard chain (``AWS_*``, ``~/.aws``, the instance or pod
+    role), never a gateway setting. A bucket without Object Lock is logged as an error and
+    shown as ``unprotected`` in the checkpoints' status. Unset: none."""
+    audit_s3_prefix: str = "checkpoints/"
+    """Key prefix of the checkpoint objects: ``<prefix><tree size, zero-padded to 20
+    digits>``, so a listing is in log order."""
+    audit_s3_endpoint_url: str | None = None
+    """An S3-compatible store's endpoint (MinIO, Ceph RGW: ``https://minio.internal:9000``).
+    Unset: AWS."""
+    audit_s3_retention_days: int = 365
+    """Each checkpoint object's retention: locked until this many days after it is put. In
+    ``COMPLIANCE`` mode that cannot be undone: try a bucket of your own in ``GOVERNANCE``
+    first."""
+    audit_s3_lock_mode: str = "COMPLIANCE"
+    """``COMPLIANCE`` (nobody can delete an object or shorten its retention) or
+    ``GOVERNANCE`` (a user granted ``s3:BypassGovernanceRetention`` can)."""
     witness_key: str | None = None
     """Run a witness in this gateway (``POST /witness/add-checkpoint``): its cosigning key,
     as text (``PRIVATE+KEY+<witness name>+...``) or a file path. It cosigns a checkpoint of

@@ -17,6 +17,7 @@ from gateway.engine import init_torch_thread, keep_verdicts
 from gateway.engine.models import default_device
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
+from gateway.serving.checkpoint_s3 import S3LockOptions, S3LockSink
 from gateway.serving.checkpoints import CheckpointJob, make_witness, start_checkpoints
 from gateway.serving.cost_store import CostStore
 from gateway.serving.decisions import PolicyService
@@ -207,7 +208,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         records=settings.audit_checkpoint_records, key=settings.audit_signing_key,
         origin=settings.audit_log_origin, var_dir=settings.var_dir,
         file=settings.audit_checkpoint_file, witness_url=settings.audit_witness_url,
-        witness_vkey=settings.audit_witness_vkey,
+        witness_vkey=settings.audit_witness_vkey, more=make_s3_sink(settings),
     )  # fmt: skip
     services.witness = make_witness(settings.witness_key, settings.witness_logs, settings.var_dir)
     return services
@@ -220,6 +221,21 @@ def database_timeouts(settings: Settings) -> Timeouts:
         statement_ms=settings.database_statement_timeout_ms,
         idle_in_transaction_ms=settings.database_idle_in_transaction_timeout_ms,
     )
+
+
+def make_s3_sink(settings: Settings) -> list[S3LockSink]:
+    """The Object Lock sink of GATEWAY_AUDIT_S3_BUCKET (none unset); ValueError when its
+    settings are wrong or boto3 is missing. Makes a client, reaches nothing."""
+    if not settings.audit_s3_bucket:
+        return []
+    options = S3LockOptions(
+        bucket=settings.audit_s3_bucket,
+        prefix=settings.audit_s3_prefix,
+        endpoint_url=settings.audit_s3_endpoint_url,
+        retention_days=settings.audit_s3_retention_days,
+        mode=settings.audit_s3_lock_mode,
+    )
+    return [S3LockSink(options)]
 
 
 def make_oidc(settings: Settings) -> OidcVerifier | None:

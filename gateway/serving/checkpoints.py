@@ -9,11 +9,12 @@ replica signs then goes to its sinks outside the database:
 - :class:`WitnessSink`: sent to a witness (``GATEWAY_AUDIT_WITNESS_URL``), whose
   cosignature is stored with the checkpoint; a witness that refuses (a checkpoint
   inconsistent with the last one it cosigned) is logged as an error and shown in
-  :attr:`CheckpointJob.status`.
+  :attr:`CheckpointJob.status`;
+- :class:`~gateway.serving.checkpoint_s3.S3LockSink`: put as one object under an S3 Object
+  Lock retention (``GATEWAY_AUDIT_S3_BUCKET``, the ``s3`` extra); a bucket without the
+  lock is logged as an error and shown in the status.
 
-An object store with a retention lock (S3 Object Lock in compliance mode) would be a third
-sink with the same one method; none is built here (no store was reachable to test one
-against): docs/audit.md says how to deploy one.
+A sink that is down costs a warning and that sink's checkpoint, never the job.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -69,8 +71,17 @@ class FileSink:
         return "appended"
 
 
-class WitnessRefused(Exception):
+class SinkProblem(Exception):
+    """Not an outage: the sink refused the checkpoint or cannot protect it. The job logs an
+    error (not a warning) and shows ``<word>: <message>`` as the sink's status."""
+
+    word = "failed"
+
+
+class WitnessRefused(SinkProblem):
     """The witness answered 422: the checkpoint is not consistent with what it holds."""
+
+    word = "refused"
 
 
 class WitnessSink:
@@ -148,9 +159,9 @@ class CheckpointJob:
         for sink in self.sinks:
             try:
                 self.status.sinks[sink.name] = await sink.publish(self.log, signed)
-            except WitnessRefused as exc:
-                self.status.sinks[sink.name] = f"refused: {exc}"
-                log.error("a witness refused checkpoint %d: %s", signed.id, exc)
+            except SinkProblem as exc:
+                self.status.sinks[sink.name] = f"{exc.word}: {exc}"
+                log.error("checkpoint %d %s at %s: %s", signed.id, exc.word, sink.name, exc)
             except Exception as exc:  # a sink down: the checkpoint is signed and stored
                 self.status.sinks[sink.name] = f"failed: {exc}"
                 log.warning("checkpoint %d not delivered to %s: %s", signed.id, sink.name, exc)
@@ -216,8 +227,10 @@ def start_checkpoints(
     file: str | None,
     witness_url: str | None,
     witness_vkey: str | None,
+    more: Sequence[Sink] = (),
 ) -> CheckpointJob | None:
-    """The started job, or None when ``interval_s`` is 0 (disabled)."""
+    """The started job, or None when ``interval_s`` is 0 (disabled). ``more``: sinks made
+    elsewhere (the S3 one), after the file and the witness."""
     if interval_s < 0 or records < 1:
         raise ValueError("GATEWAY_AUDIT_CHECKPOINT_INTERVAL_S >= 0 and _RECORDS >= 1 required")
     if interval_s == 0:
@@ -227,6 +240,7 @@ def start_checkpoints(
         sinks.append(FileSink(file or str(Path(var_dir) / "audit-checkpoints.txt")))
     if witness_url:
         sinks.append(WitnessSink(witness_url, witness_vkey))
+    sinks.extend(more)
     job = CheckpointJob(
         AuditLog(store, signing_key(key, var_dir, origin)), interval_s, records, sinks
     )
