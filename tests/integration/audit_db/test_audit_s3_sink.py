@@ -286,3 +286,34 @@ def test_a_bucket_without_boto3_or_with_a_wrong_mode_stops_the_start(
     missing = r"boto3 is not installed: pip install 'spec-gateway\[s3\]'"
     with pytest.raises(ValueError, match=missing):
         make_s3_sink(Settings(audit_s3_bucket="b"))
+
+
+class IgnoresLocks:
+    """moto's client, but its HEAD answers without the lock: what a store that accepts the
+    Object Lock headers and keeps no retention would say (simulated; moto itself keeps it)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def head_object(self, **kwargs: Any) -> dict[str, Any]:
+        head = dict(self.client.head_object(**kwargs))
+        head.pop("ObjectLockMode", None)
+        head.pop("ObjectLockRetainUntilDate", None)
+        return head
+
+
+async def test_a_store_that_keeps_no_retention_is_reported(tmp_path: Path, endpoint: str) -> None:
+    name = bucket(endpoint, "audit-ignored")
+    log, store = await signed_log(tmp_path / "i.db", 2)
+    options = S3LockOptions(name, PREFIX, endpoint, retention_days=1)
+    job = CheckpointJob(log, 3600, 1000, [S3LockSink(options, IgnoresLocks(s3(endpoint)))])
+    try:
+        assert await job.run_once() is not None
+    finally:
+        await store.close()
+    (status,) = job.status.sinks.values()
+    assert status.startswith(f"unprotected: the store took {PREFIX}")
+    assert "reports no COMPLIANCE retention" in status
