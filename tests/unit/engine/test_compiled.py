@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -47,29 +47,62 @@ pytestmark = [
 ]
 
 
+STORED = pytest.mark.xdist_group("test_compiled-stored")
+"""The tests that use `stored_targets` run on one pytest-xdist worker: each compile ahead of
+time is then made once in the run (`make test`), not once per worker."""
+
+
 @dataclass(frozen=True)
 class Stored:
-    """A target (torch's linear forward) compiled ahead of time for a batch of 4 rows into
-    `store`, serving prefill chunks (HEAD_SHARE raised: the tiny model's head is large)."""
+    """A target (torch's linear forward, or the weight-major one) compiled ahead of time for
+    a batch of 4 rows into `store`, serving prefill chunks (HEAD_SHARE raised: the tiny
+    model's head is large); with what its first start did, seen as it returned: the kinds
+    it loaded (none: the store was empty), the step files it saved, the kinds that fell
+    back to the jit, and the graphs torch had traced when it returned."""
 
     target: LoadedModel
     fast: LoadedModel
     store: Path
+    loaded: list[str]
+    saved: int
+    fell_back: list[str]
+    traced: int
 
 
 @pytest.fixture(scope="module")
-def stored_target(model_dirs, tmp_path_factory) -> Iterator[Stored]:  # type: ignore[no-untyped-def]
-    """Compiled once for the tests that serve with such a step or need one in a store (a
-    compile ahead of time costs tens of seconds, and its artifacts bypass inductor's cache);
-    the tests of compiling and saving itself compile their own."""
+def stored_targets(model_dirs, tmp_path_factory) -> Iterator[Callable[[bool], Stored]]:  # type: ignore[no-untyped-def]
+    """Each target compiled once (by weight_major), on first use, for the tests that serve
+    with such a step, need one in a store, or check what compiling and saving one did (a
+    compile ahead of time costs tens of seconds, and its artifacts bypass inductor's
+    cache); the other tests of compiling and saving compile their own."""
     from gateway.engine import compiled as compiled_module
+    from gateway.engine.compiled import Precompiled
 
-    store = tmp_path_factory.mktemp("stored-target")
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # it serves prefill chunks
-        fast, _ = compiled_model(target, 4, store=store)
-    yield Stored(target, fast, store)
+    built: dict[bool, Stored] = {}
+
+    def get(weight_major: bool) -> Stored:
+        if weight_major not in built:
+            store = tmp_path_factory.mktemp("stored-target")
+            target = load_model(model_dirs["llama"], device="cpu", cpu_linear=weight_major)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # it serves prefill chunks
+                fast, _ = compiled_model(target, 4, store=store)
+            assert fast.compiled is not None and isinstance(fast.compiled.step, Precompiled)
+            step = fast.compiled.step
+            built[weight_major] = Stored(
+                target, fast, store, list(step.loaded), len(list(store.glob("step-*.pt"))),
+                [k for k, fn in step.fns.items() if fn is None],
+                counters["stats"]["unique_graphs"],
+            )  # fmt: skip
+        return built[weight_major]
+
+    yield get
+
+
+@pytest.fixture
+def stored_target(stored_targets: Callable[[bool], Stored]) -> Stored:
+    """torch's linear forward's (`stored_targets`)."""
+    return stored_targets(False)
 
 
 @pytest.mark.parametrize(("arch", "weight_major"), [("llama", False), ("llama", True)])
@@ -276,6 +309,7 @@ def test_a_target_serves_prefill_chunks_only_where_its_head_is_small_against_its
         assert draft.serves(1, 40, keep_last=True, backbone=False, head=None)
 
 
+@STORED
 def test_a_step_whose_keys_span_one_position_runs_eager(stored_target: Stored) -> None:
     """A 2-token prompt prefills one token at position 0: a key span of 1, which no traced
     step takes (torch specialises sizes of 1; a precompiled step's guards refuse it and the
@@ -295,9 +329,10 @@ def test_a_step_whose_keys_span_one_position_runs_eager(stored_target: Stored) -
     assert counters["stats"]["unique_graphs"] == warm
 
 
+@STORED
 @pytest.mark.parametrize("weight_major", [False, True])
 def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_eager(
-    model_dirs, tmp_path, monkeypatch, weight_major, request
+    model_dirs, tmp_path, monkeypatch, weight_major, stored_targets
 ) -> None:
     """Prompts of 63 and 90 tokens (above the decode steps' MAX_TOKENS), two arriving
     together and one alone, prefill through the target's precompiled step (every position
@@ -308,11 +343,8 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
     from gateway.engine import compiled as compiled_module
     from gateway.engine.compiled import Precompiled
 
-    shared: Stored | None = None if weight_major else request.getfixturevalue("stored_target")
-    if shared is None:
-        target = load_model(model_dirs["llama"], device="cpu", cpu_linear=weight_major)
-    else:  # torch's linear forward: the module's target, compiled as below
-        target = shared.target
+    shared: Stored = stored_targets(weight_major)  # the target, compiled ahead of time
+    target = shared.target  # for 4 rows, serving prefill chunks (HEAD_SHARE raised)
     draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=weight_major)
     prompts = [tuple((i * 7 + r) % 200 + 3 for i in range(n)) for r, n in enumerate((41, 90, 63))]
     spec = {"mode": "speculative", "k_min": 1, "k_max": 4}
@@ -327,10 +359,7 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
 
     eager = drive(Engine(target).batch(4), Engine(target), jobs(draft))
     monkeypatch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # the tiny model's head is large
-    if shared is None:
-        fast_target, _ = compiled_model(target, 4, store=tmp_path)
-    else:
-        fast_target = shared.fast
+    fast_target = shared.fast
     assert fast_target.compiled is not None and fast_target.compiled.prefill_all
     fast_draft, _ = compiled_model(draft, 4, draft=True, store=tmp_path)
     widths: list[int] = []
@@ -384,31 +413,38 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+@STORED
 @pytest.mark.parametrize("weight_major", [False, True])
 def test_a_precompiled_step_is_saved_then_loaded_without_tracing(
-    model_dirs, tmp_path, weight_major
+    model_dirs, weight_major, stored_targets
 ) -> None:
     """With a store, the first start compiles each kind ahead of time and saves it; the
     next start loads every kind from the store, traces nothing, and decodes what eager
     decodes; with torch's linear forward and with the weight-major one (a bound method the
-    artifact refers to by name)."""
+    artifact refers to by name). The first start is `stored_targets`' (what it did, seen as
+    it returned), the batch its 4 rows: the first four of the mixed jobs."""
     from gateway.engine.compiled import Precompiled
 
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=weight_major)
+    first = stored_targets(weight_major)
+    target, store = first.target, first.store
     draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
-    eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
 
-    first, _ = compiled_model(target, 8, store=tmp_path)
-    assert first.compiled is not None and isinstance(first.compiled.step, Precompiled)
-    assert first.compiled.step.loaded == [] and len(list(tmp_path.glob("step-*.pt"))) == 4
-    assert all(fn is not None for fn in first.compiled.step.fns.values())  # none fell back
+    def jobs(engine: Engine) -> list[Job]:
+        return mixed_jobs(engine, draft)[:4]  # at most 4 rows at a time
+
+    eager = run_batch(Engine(target), jobs(Engine(target)), max_rows=4)
+
+    assert first.loaded == [] and first.saved == 4
+    assert first.fell_back == []  # none fell back
+    assert len(list(store.glob("step-*.pt"))) == 4
     traced = counters["stats"]["unique_graphs"]
-    again, _ = compiled_model(target, 8, store=tmp_path)
+    again, _ = compiled_model(target, 4, store=store)
     assert again.compiled is not None and isinstance(again.compiled.step, Precompiled)
+    assert again.compiled.step is not first.fast.compiled.step  # type: ignore[union-attr]
     assert sorted(again.compiled.step.loaded) == ["1x1", "1xN", "Bx1", "BxN"]
     assert counters["stats"]["unique_graphs"] == traced  # nothing traced on the restart
     engine = Engine(again)
-    got = run_batch(engine, mixed_jobs(engine, draft))
+    got = run_batch(engine, jobs(engine), max_rows=4)
     assert [r.token_ids for r in got] == [r.token_ids for r in eager]
     assert counters["stats"]["unique_graphs"] == traced  # served by the loaded kinds
 
@@ -494,16 +530,22 @@ def test_a_precompiled_step_checks_its_guards_once_per_shape_span_class_and_cach
     assert checked[-1] == (1, 5, 8) and len(checked) == 8
 
 
+@STORED
 def test_another_model_config_does_not_load_a_precompiled_step(
     model_dirs, tmp_path, stored_target: Stored
 ) -> None:
+    """The draft's config (one layer) in a store holding the target's steps of the same
+    buffers (4 rows, the same context): its one-row one-token kind (one kind is enough:
+    the fingerprint is the model's, the same for every kind) is not the target's, loaded,
+    but compiled and saved beside it."""
     draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
     for path in stored_target.store.glob("step-*.pt"):  # the target's 4 rows' steps
         shutil.copy(path, tmp_path)
     assert len(list(tmp_path.glob("step-*.pt"))) == 4
-    other, _ = compiled_model(draft, 4, store=tmp_path)
+    other, _ = compiled_model(draft, 4, store=tmp_path, kinds=frozenset({"1x1"}))
     assert other.compiled is not None and other.compiled.step.loaded == []  # type: ignore[union-attr]
-    assert len(list(tmp_path.glob("step-*.pt"))) == 8
+    assert list(other.compiled.step.fns) == ["1x1"]  # type: ignore[union-attr]
+    assert len(list(tmp_path.glob("step-*.pt"))) == 5
 
 
 def test_a_step_is_compiled_for_its_batchs_slot_buffers(model_dirs, tmp_path) -> None:
