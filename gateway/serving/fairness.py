@@ -19,13 +19,17 @@ mechanisms, each bounded by the tenant's policy (`fairness` in its document):
   tenants that stay backlogged, the counters part by at most what one admission adds before
   the other is picked again: one request row's weighted tokens (prompt + 2 x max_tokens)
   over its weight, the paper's bound with one row per admission.
-- **Fair steps.** A row holds its slot until its request ends, so admission alone cannot
-  keep a long request's rows from slowing another tenant's: on a CPU a step costs about in
-  proportion to its rows. So each step, among the tenants with rows in the batch, the rows
-  of a tenant whose counter leads the least one by more than `PACE_LEAD` sit the step out
-  (they keep their slots and caches; the others step without them). A tenant alone in its
-  batch never sits out (the capacity nobody else uses stays its), and between two tenants
-  decoding together the counters part by at most `PACE_LEAD` plus one step's tokens.
+- **Fair steps** (`StepPacer`). A row holds its slot until its request ends, so admission
+  alone cannot keep a long request's rows from slowing another tenant's: on a CPU a step
+  costs about in proportion to its rows and their contexts. So each batch step's time is
+  charged to the tenants whose rows took it (an equal share per row, over the tenant's
+  weight), and each step the rows of a tenant whose charged time leads the least of the
+  tenants in the batch by more than `PACE_LEAD_S` sit the step out (they keep their slots
+  and caches; the others step without them). Time, not tokens: a token of a long context,
+  or of a row that drafts little, costs the worker more. A tenant alone in its batch never
+  sits out (the capacity nobody else uses stays its); one that joins a batch is lifted to
+  the least time of those already in it (nothing banked while away); between two tenants
+  decoding together the times part by at most `PACE_LEAD_S` plus one step's share.
 - **Share-aware refusals.** A full queue refuses the arrival only when its tenant holds at
   least its equal share of the queue (capacity / backlogged tenants); otherwise the newest
   job of the tenant holding the most jobs past its share is evicted (it ends with
@@ -41,7 +45,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,9 +57,9 @@ FAIR_WAIT = "fairness.waited"
 another tenant's ran first (or because its tenant held its row cap while a row was free)."""
 PROMPT_WEIGHT = 1.0
 OUTPUT_WEIGHT = 2.0
-PACE_LEAD = 64.0
-"""Weighted tokens (over weight) a tenant's counter may lead the least counter among the
-tenants decoding in its batch before its rows sit a step out (`FairQueue.pace`)."""
+PACE_LEAD_S = 0.05
+"""Worker seconds (over weight) a tenant's charged time may lead the least among the tenants
+decoding in its batch before its rows sit a step out (`StepPacer.pace`)."""
 
 
 class Overloaded(Exception):
@@ -229,17 +233,6 @@ class FairQueue:
         self.waiting -= len(dropped)
         return dropped
 
-    def pace(self, tenants: Collection[str]) -> set[str]:
-        """Of the tenants with rows in one batch, those whose rows sit this step out: each
-        whose counter leads the least of them by more than `PACE_LEAD`. None when fewer
-        than two tenants share the batch."""
-        present = set(tenants)
-        if len(present) < 2:
-            return set()
-        with self._lock:
-            least = min(self._served[t] for t in present)
-            return {t for t in present if self._served[t] > least + PACE_LEAD}
-
     def charge(self, share: Share, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
         """Tokens served to a tenant's row, weighted, over the tenant's weight."""
         cost = PROMPT_WEIGHT * prompt_tokens + OUTPUT_WEIGHT * output_tokens
@@ -255,6 +248,46 @@ class FairQueue:
     def served(self, tenant: str) -> float:
         with self._lock:
             return self._served[tenant]
+
+
+class StepPacer:
+    """Fair steps: the worker time each tenant's rows took in each batch, and who sits the
+    next step out (see the module's docstring). Worker-thread only."""
+
+    def __init__(self) -> None:
+        self._spent: dict[str, float] = collections.defaultdict(float)
+        self._present: dict[object, frozenset[str]] = {}  # per batch: tenants last paced
+
+    def pace(self, batch: object, shares: Sequence[Share]) -> set[str]:
+        """Of the tenants with rows in ``batch`` (one share per row), those whose rows sit
+        this step out: each whose time leads the least of them by more than
+        `PACE_LEAD_S`. None when fewer than two tenants share the batch."""
+        present = {s.tenant for s in shares}
+        before = self._present.get(batch, frozenset())
+        self._present[batch] = frozenset(present)
+        stayed = [self._spent[t] for t in present & before]
+        for t in present - before:  # joined the batch: lifted, no credit banked while away
+            if stayed:
+                self._spent[t] = max(self._spent[t], min(stayed))
+        if len(present) < 2:
+            return set()
+        least = min(self._spent[t] for t in present)
+        return {t for t in present if self._spent[t] > least + PACE_LEAD_S}
+
+    def spend(self, shares: Sequence[Share], seconds: float) -> None:
+        """A step of ``seconds`` taken by these rows (one share each): an equal part each,
+        over its tenant's weight."""
+        if not shares:
+            return
+        part = seconds / len(shares)
+        for share in shares:
+            self._spent[share.tenant] += part / share.weight
+
+    def forget(self, batch: object) -> None:
+        self._present.pop(batch, None)
+
+    def spent(self, tenant: str) -> float:
+        return self._spent.get(tenant, 0.0)
 
 
 class RequestSlots:

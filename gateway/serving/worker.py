@@ -44,7 +44,7 @@ from gateway.engine import DecodeRequest, Engine, Finished, LoadedModel
 from gateway.engine.batch.scheduler import Batch, Event, Row
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
 from gateway.engine.schema import Delta
-from gateway.serving.fairness import SYSTEM, FairQueue, Overloaded, Share
+from gateway.serving.fairness import SYSTEM, FairQueue, Overloaded, Share, StepPacer
 
 __all__ = ["InferenceWorker", "Job", "Overloaded", "Share", "batch_rows"]
 
@@ -174,6 +174,7 @@ class InferenceWorker:
         self.prefill_chunk = prefill_chunk
         self.prefill_budget = prefill_budget
         self.fair_steps = fair_steps
+        self.pacer = StepPacer()
         self.capacity = capacity
         self.max_active = max_active
         self.max_batch = max_batch
@@ -312,7 +313,7 @@ class InferenceWorker:
             # 3. One step of every batch (all its rows together), then of every other job;
             #    the batches' events go out together, then the other jobs'.
             out = _Outbox()
-            for job, events in batches.step(self.fair.pace if self.fair_steps else None):
+            for job, events in batches.step(self.pacer if self.fair_steps else None):
                 for event in events:
                     if isinstance(event, Exception):
                         self._finish(job, event, out)
@@ -431,31 +432,37 @@ class _Batches:
         self._jobs[id(row)] = job
         return len(row.cfg.prompt_ids) - row.prefilled
 
-    def step(
-        self, pace: Callable[[list[str]], set[str]] | None = None
-    ) -> list[tuple[Job, list[Event]]]:
-        """One step of every batch. ``pace(tenants)``: of the tenants with rows in a batch,
-        those whose rows sit the step out (serving/fairness.py `FairQueue.pace`); their
-        jobs are marked as having waited for fairness."""
+    def step(self, pacer: StepPacer | None = None) -> list[tuple[Job, list[Event]]]:
+        """One step of every batch. With a ``pacer`` (serving/fairness.py `StepPacer`), the
+        rows of a tenant past its share of the batch's time sit the step out (their jobs
+        are marked as having waited for fairness), and the step's time is charged to the
+        tenants of the rows that took it."""
         out: list[tuple[Job, list[Event]]] = []
         for key, batch in list(self._batches.items()):
             if not batch.rows:
                 continue
             held: list[Row] = []
-            if pace is not None:
-                sitting = pace([self._jobs[id(r)].share.tenant for r in batch.rows])
+            taking = [self._jobs[id(r)].share for r in batch.rows]
+            if pacer is not None:
+                sitting = pacer.pace(key, taking)
                 held = [r for r in batch.rows if self._jobs[id(r)].share.tenant in sitting]
+                taking = [s for s in taking if s.tenant not in sitting]
                 for row in held:
                     self._jobs[id(row)].fair_wait = True
+            t0 = time.perf_counter()
             try:
                 stepped = batch.step(held)
             except Exception as exc:  # a shared forward failed (a bug, out of memory):
                 # every row of the batch ends with the error instead of the thread dying
                 # and every request hanging; the next arrival gets a fresh batch
                 del self._batches[key]
+                if pacer is not None:
+                    pacer.forget(key)
                 for row in batch.rows:
                     out.append((self._jobs.pop(id(row)), [exc]))
                 continue
+            if pacer is not None:
+                pacer.spend(taking, time.perf_counter() - t0)
             for row, events in stepped:
                 job = self._jobs[id(row)]
                 if row.finished:

@@ -1,36 +1,62 @@
-"""Fair steps (serving/fairness.py `FairQueue.pace`): a row holds its slot until its request
-ends, so a tenant that came first with many long rows would slow every step another tenant's
-row takes. Each step, the rows of a tenant whose virtual counter leads the batch's least by
-more than PACE_LEAD sit the step out. Checked on the real worker and a tiny model: the
-victim gets steps of its own, the counters stay within the stated bound, and every row,
-held or not, still decodes exactly what it decodes alone. The negative control turns the
-pacing off: the same checks then fail."""
+"""Fair steps (serving/fairness.py `StepPacer`): a row holds its slot until its request ends,
+so a tenant that came first with many long rows would slow every step another tenant's row
+takes. Each step's time is charged to the tenants whose rows took it, and the rows of a
+tenant whose time leads the batch's least by more than PACE_LEAD_S sit the step out.
+Checked on the pacer alone (its bound over random steps) and on the real worker with a tiny
+model: the victim gets steps of its own, and every row, held or not, still decodes exactly
+what it decodes alone. The negative controls turn the pacing off: the same checks then
+fail."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.engine import DecodeRequest, Finished, SamplingParams
-from gateway.serving.fairness import OUTPUT_WEIGHT, PACE_LEAD, FairQueue, Share
+from gateway.serving import fairness
+from gateway.serving.fairness import OUTPUT_WEIGHT, PACE_LEAD_S, Share, StepPacer
 from tests.unit.serving.test_worker import spied_engine, started
 
 HOG_ROWS = 3
 
 
 def test_pace_holds_only_a_tenant_that_leads_by_more_than_the_bound() -> None:
-    q = FairQueue(capacity=8, max_batch=4)
-    assert q.pace(["a", "a", "a"]) == set()  # alone: never held
-    q.charge(Share("a"), output_tokens=int(PACE_LEAD / OUTPUT_WEIGHT))
-    assert q.pace(["a", "b"]) == set()  # exactly at the bound
-    q.charge(Share("a"), output_tokens=1)
-    assert q.pace(["a", "a", "b"]) == {"a"}
-    assert q.pace(["a"]) == set()  # the other tenant left the batch
-    q.charge(Share("b", weight=0.5), output_tokens=int(PACE_LEAD / OUTPUT_WEIGHT))
-    assert q.pace(["a", "b"]) == set()  # b's tokens count double: b caught up
+    p = StepPacer()
+    a, b, heavy_b = Share("a"), Share("b"), Share("b", weight=2.0)
+    assert p.pace(0, [a, a, a]) == set()  # alone: never held
+    p.spend([a, a, a], 3 * PACE_LEAD_S)  # a's rows took the worker alone
+    assert p.pace(0, [a, a, b]) == set()  # b joins: lifted to a's time, nothing owed
+    p.spend([a, a, b], 3 * PACE_LEAD_S)  # a: 2 parts, b: 1
+    assert p.pace(0, [a, a, b]) == set()  # a leads by exactly the bound
+    p.spend([a, a, b], 0.03)
+    assert p.pace(0, [a, a, b]) == {"a"}
+    assert p.pace(0, [a]) == set()  # b left the batch
+    assert p.pace(1, [a, b]) == {"a"}  # another batch: b is behind there too
+    p.spend([heavy_b], 4 * PACE_LEAD_S)  # a weight of 2 charges half
+    assert p.pace(1, [a, heavy_b]) == set()
+
+
+def test_paced_tenants_stay_within_the_bound_over_random_steps() -> None:
+    """Three tenants with different row counts and step times: after every step, the
+    times of the tenants in the batch part by at most the bound plus one step's part; the
+    unpaced control (nobody sits out) parts far more."""
+    rng = random.Random(3)
+    for paced in (True, False):
+        p, worst = StepPacer(), 0.0
+        rows = [Share("hog")] * 6 + [Share("mid")] * 2 + [Share("one")]
+        for _ in range(2000):
+            sitting = p.pace(0, rows) if paced else set()
+            taking = [s for s in rows if s.tenant not in sitting]
+            seconds = 0.002 * len(taking) * rng.uniform(0.5, 2.0)
+            p.spend(taking, seconds)
+            times = [p.spent(t) for t in ("hog", "mid", "one")]
+            worst = max(worst, max(times) - min(times))
+        bounded = worst <= PACE_LEAD_S + 0.002 * 9 * 2.0
+        assert bounded is paced, (paced, worst)
 
 
 async def _run(tmp_path: Path, monkeypatch: Any, pacing: bool) -> dict[str, Any]:
@@ -47,9 +73,11 @@ async def _run(tmp_path: Path, monkeypatch: Any, pacing: bool) -> dict[str, Any]
 
     hogs = [request((5 + i, 6, 7), 160) for i in range(HOG_ROWS)]
     victim = request((9, 10, 11, 12), 48)
+    # a bound of a few tiny-model steps, so that the victim's life holds many of them
+    monkeypatch.setattr(fairness, "PACE_LEAD_S", 0.004)
     worker = started(max_active=8, max_batch=4)
     if not pacing:
-        monkeypatch.setattr(worker.fair, "pace", lambda tenants: set())
+        monkeypatch.setattr(worker, "fair_steps", False)
     try:
         hog_jobs = [worker.submit_decode(engine, r, share=Share("hog")) for r in hogs]
         hog_events = [worker.events(j) for j in hog_jobs]
@@ -58,7 +86,7 @@ async def _run(tmp_path: Path, monkeypatch: Any, pacing: bool) -> dict[str, Any]
         first = len(decode_rows)
         job = worker.submit_decode(engine, victim, share=Share("victim"))
         got = [e async for e in worker.events(job)]
-        lead = worker.fair.served("hog") - worker.fair.served("victim")
+        lead = worker.pacer.spent("hog") - worker.pacer.spent("victim")
         during = decode_rows[first:]
         hog_results = []
         for events in hog_events:
@@ -84,10 +112,9 @@ async def test_a_tenant_ahead_sits_steps_out_and_rows_stay_exact(
     tmp_path: Path, monkeypatch: Any, pacing: bool
 ) -> None:
     seen = await _run(tmp_path, monkeypatch, pacing)
-    step = OUTPUT_WEIGHT * HOG_ROWS  # what one step of the hog's rows adds to its counter
     fair = (
         seen["victim_alone_steps"] > 0
-        and seen["lead"] <= PACE_LEAD + step
+        and seen["lead"] <= 0.004 + 0.5  # one step's part is milliseconds here
         and seen["hog_waited"]
         and not seen["victim_waited"]
     )

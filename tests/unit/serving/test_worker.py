@@ -306,7 +306,7 @@ async def test_a_draft_is_compiled_and_probed_for_its_targets_batch_rows(
     monkeypatch.setattr(models, "load_model", load_model)
     monkeypatch.setattr(models, "compiled_model", compiled_model)
 
-    def measure_costs(self, rows, draft=None):  # type: ignore[no-untyped-def]
+    def measure_costs(self, rows, draft=None, known=None):  # type: ignore[no-untyped-def]
         probed.append(rows)
         return ForwardCosts()
 
