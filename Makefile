@@ -56,9 +56,13 @@ browser:
 
 # Every test runs (CI calls this); the 25 slowest are listed at the end. The slow families
 # carry markers (compile, browser, fuzz, postgres; pyproject.toml): PYTEST_ARGS='-m "not
-# compile"' leaves one out locally.
+# compile"' leaves one out locally. The tests run in one process per core (pytest-xdist;
+# tests/conftest.py starts the slowest first); tests that share a costly fixture carry an
+# xdist_group mark, so they run on one worker. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= auto
 test: $(STAMP) $(NATIVE) lint browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 \
+		-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # schemathesis against /schema/openapi.json for FUZZ_MINUTES (tenant, auditor, admin keys).
 FUZZ_MINUTES ?= 10

@@ -47,11 +47,6 @@ pytestmark = [
 ]
 
 
-STORED = pytest.mark.xdist_group("test_compiled-stored")
-"""The tests that use `stored_targets` run on one pytest-xdist worker: each compile ahead of
-time is then made once in the run (`make test`), not once per worker."""
-
-
 @dataclass(frozen=True)
 class Stored:
     """A target (torch's linear forward, or the weight-major one) compiled ahead of time for
@@ -74,7 +69,8 @@ def stored_targets(model_dirs, tmp_path_factory) -> Iterator[Callable[[bool], St
     """Each target compiled once (by weight_major), on first use, for the tests that serve
     with such a step, need one in a store, or check what compiling and saving one did (a
     compile ahead of time costs tens of seconds, and its artifacts bypass inductor's
-    cache); the other tests of compiling and saving compile their own."""
+    cache); the other tests of compiling and saving compile their own. Its tests are one
+    unit of work under pytest-xdist (tests/conftest.py GROUPS): one worker compiles each."""
     from gateway.engine import compiled as compiled_module
     from gateway.engine.compiled import Precompiled
 
@@ -309,7 +305,6 @@ def test_a_target_serves_prefill_chunks_only_where_its_head_is_small_against_its
         assert draft.serves(1, 40, keep_last=True, backbone=False, head=None)
 
 
-@STORED
 def test_a_step_whose_keys_span_one_position_runs_eager(stored_target: Stored) -> None:
     """A 2-token prompt prefills one token at position 0: a key span of 1, which no traced
     step takes (torch specialises sizes of 1; a precompiled step's guards refuse it and the
@@ -329,7 +324,6 @@ def test_a_step_whose_keys_span_one_position_runs_eager(stored_target: Stored) -
     assert counters["stats"]["unique_graphs"] == warm
 
 
-@STORED
 @pytest.mark.parametrize("weight_major", [False, True])
 def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_eager(
     model_dirs, tmp_path, monkeypatch, weight_major, stored_targets
@@ -413,7 +407,6 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-@STORED
 @pytest.mark.parametrize("weight_major", [False, True])
 def test_a_precompiled_step_is_saved_then_loaded_without_tracing(
     model_dirs, weight_major, stored_targets
@@ -530,7 +523,6 @@ def test_a_precompiled_step_checks_its_guards_once_per_shape_span_class_and_cach
     assert checked[-1] == (1, 5, 8) and len(checked) == 8
 
 
-@STORED
 def test_another_model_config_does_not_load_a_precompiled_step(
     model_dirs, tmp_path, stored_target: Stored
 ) -> None:
