@@ -42,8 +42,13 @@ def start_gateway(
         proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, proc, log)
-    httpx.post(f"{url}/admin/tenants", json={"id": "real", "name": "Real"}, headers=ADMIN)
+    return proc, url, tenant_key(url, "real")
+
+
+def tenant_key(url: str, tenant: str) -> str:
+    """A tenant key for a new tenant `tenant` of the gateway at `url`."""
+    httpx.post(f"{url}/admin/tenants", json={"id": tenant, "name": tenant.title()}, headers=ADMIN)
     key = httpx.post(
-        f"{url}/admin/tenants/real/keys", json={"role": "tenant"}, headers=ADMIN
+        f"{url}/admin/tenants/{tenant}/keys", json={"role": "tenant"}, headers=ADMIN
     ).json()["key"]
-    return proc, url, str(key)
+    return str(key)

@@ -12,7 +12,7 @@ is generated only where it says so (engine/constraints/objects.py), so no key is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -20,7 +20,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.integration import tool_families
-from tests.integration.service.process import start_gateway
+from tests.integration.service.process import tenant_key
 
 langchain_openai = pytest.importorskip("langchain_openai")
 
@@ -36,12 +36,9 @@ FAMILIES = list(tool_families.TEMPLATES)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    manifest = tool_families.build(tmp_path_factory.mktemp("families"))
-    proc, url, key = start_gateway(manifest, tmp_path_factory.mktemp("server"))
-    yield url, key
-    proc.terminate()
-    proc.wait(timeout=60)
+def server(tool_families_gateway: tuple[str, Path]) -> tuple[str, str]:
+    url, _ = tool_families_gateway  # shared with test_tool_formats_api.py (conftest.py)
+    return url, tenant_key(url, "langchain")
 
 
 def _chat(server: tuple[str, str], family: str) -> Any:

@@ -13,7 +13,6 @@ family's own syntax."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from transformers import AutoTokenizer
 
 from gateway.engine.constraints.tool_formats import FORMATS
 from tests.integration import tool_families
-from tests.integration.service.process import start_gateway
+from tests.integration.service.process import tenant_key
 from tests.integration.tool_families import SPECIAL_TAGS
 
 ADD = {
@@ -101,13 +100,9 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("families")
-    manifest = tool_families.build(root)
-    proc, url, key = start_gateway(manifest, tmp_path_factory.mktemp("server"))
-    yield Server(url, key, root)
-    proc.terminate()
-    proc.wait(timeout=60)
+def server(tool_families_gateway: tuple[str, Path]) -> Server:
+    url, root = tool_families_gateway  # shared with test_langchain.py (conftest.py)
+    return Server(url, tenant_key(url, "tool-formats"), root)
 
 
 def _model(family: str) -> str:
