@@ -40,6 +40,24 @@ def test_pace_holds_only_a_tenant_that_leads_by_more_than_the_bound() -> None:
     assert p.pace(1, [a, heavy_b]) == set()
 
 
+def test_a_tenant_that_had_the_batch_alone_carries_no_lead_into_the_next_arrival() -> None:
+    """The victim uses the idle worker for a long while and goes; the hog, back after an
+    hour's pause with an old, low time, arrives in the emptied batch; the victim returns.
+    Neither sits out for the victim's earlier use of the idle worker. The control (no
+    floor: the hog keeps its old time) holds the victim back."""
+    for floored in (True, False):
+        p = StepPacer()
+        hog, victim = Share("hog"), Share("victim")
+        p.pace(0, [hog])
+        p.spend([hog], 1.0)  # long ago
+        p.pace(0, [victim])
+        p.spend([victim], 30.0)  # the victim alone, a long while
+        if not floored:
+            p._present[0] = frozenset()  # forget who was there: no floor is set
+        p.pace(0, [hog] * 6)  # the victim went, the hog came back
+        assert (p.pace(0, [hog] * 6 + [victim] * 2) == set()) is floored
+
+
 def test_paced_tenants_stay_within_the_bound_over_random_steps() -> None:
     """Three tenants with different row counts and step times: after every step, the
     times of the tenants in the batch part by at most the bound plus one step's part; the
