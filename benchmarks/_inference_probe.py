@@ -95,7 +95,7 @@ def foreign_pools(before: set[int], inference: str) -> list[str]:
 
 
 async def gateway(var: Path, spoil: bool) -> dict[str, Any]:
-    settings = Settings(
+    settings = Settings.from_env(  # GATEWAY_* from the environment (torch threads), then:
         database_url=f"sqlite+aiosqlite:///{var}/probe.db",
         admin_key="sk-admin-probe-local",
         models=str(MANIFEST),

@@ -125,8 +125,10 @@ class Settings:
     a step of many rows costs about what one costs, so holding rows back would only waste
     it. ``auto``: on, unless the models run on CUDA. ``true``/``false`` mean on/off."""
     torch_threads: int | None = None
-    """CPU threads of the inference thread's torch kernels; default torch's own choice (the
-    physical cores). The inference thread is the only one that runs torch."""
+    """CPU threads of the inference thread's torch kernels; default the physical cores less
+    one (at least one), so that the event loop keeps a core: with a kernel thread on every
+    core, the event loop's work preempts one and the rest wait for it at every parallel
+    region. The inference thread is the only one that runs torch."""
     audit_fail_closed: bool = True
     """If the audit store cannot be written, refuse inference with 503 (default): a request
     whose admission record cannot be written is refused before any output."""

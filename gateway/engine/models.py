@@ -49,6 +49,15 @@ def init_torch_thread(threads: int | None = None) -> None:
         torch.set_num_threads(threads)
 
 
+def serving_threads() -> int:
+    """The intra-op threads a server's inference thread takes by default: torch's default
+    (the physical cores) less one, at least one. The core left over runs the event loop
+    (HTTP, streaming, templating): when every core runs a kernel's thread team, whatever
+    else the process does preempts one of its threads and the others wait for it at each
+    parallel region's end."""
+    return max(1, torch.get_num_threads() - 1)
+
+
 def _context_length(config: Any) -> int:
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)

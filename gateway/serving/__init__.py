@@ -14,7 +14,7 @@ from gateway.database import AuditWriter, Database
 from gateway.database.audit.witness import Witness
 from gateway.database.base import Timeouts
 from gateway.engine import init_torch_thread, keep_verdicts
-from gateway.engine.models import default_device
+from gateway.engine.models import default_device, serving_threads
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.checkpoint_s3 import S3LockOptions, S3LockSink
@@ -137,7 +137,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     worker = InferenceWorker(
         settings.queue_capacity,
         settings.max_active,
-        on_start=lambda: init_torch_thread(settings.torch_threads),
+        on_start=lambda: init_torch_thread(settings.torch_threads or serving_threads()),
         max_batch=settings.max_batch,
         kv_budget_tokens=settings.kv_budget_tokens,
         prefill_chunk=settings.prefill_chunk,
