@@ -103,27 +103,11 @@ class Phase:
 
 
 async def _victim(client: httpx.AsyncClient, key: str, phase: Phase, stop: float, i: int):
+    """One closed-loop client: its next request the moment one ends."""
     k = i
     while phase.now() < stop:
-        body = {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": PROMPTS[k % len(PROMPTS)]}],
-            "max_tokens": VICTIM_MAX_TOKENS,
-            "temperature": 0,
-        }
+        await _one_victim(client, key, phase, k)
         k += VICTIM_CLIENTS
-        start = phase.now()
-        t = time.perf_counter()
-        try:
-            r = await client.post(
-                "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
-            )
-            status = r.status_code
-            if status == 200:
-                phase.tokens.append((phase.now(), "victim", r.json()["usage"]["completion_tokens"]))
-        except httpx.HTTPError:
-            status = 0
-        phase.victim.append((start, time.perf_counter() - t, status))
 
 
 async def _victim_open(

@@ -2,38 +2,27 @@
 
 At load the pool times each model's forwards for every row bucket (engine/batch/costs.py
 `probe`), so that auto mode's cost model starts from measurements. At realistic sizes on a
-CPU that is most of the start (minutes for a 1.5B target). The timings depend on the model's
-weights and forward strategy and on the machine, not on anything a restart changes, so they
-are kept in the var dir (``forward-costs.json``) under a key naming all of those: the
-weights' checksum, device, dtype, the rows probed, the compiled kinds and lean decoder, the
-torch version and threads, the CPU model and count. A start with the same key adopts them
-instead of probing; any difference probes again. They are a starting point either way: the
-batch goes on observing every real forward and follows the machine's actual load. An
-unreadable file is ignored (and rewritten at the next probe).
+CPU that is most of the start. The timings depend on the model's weights and forward
+strategy and on the machine, not on anything a restart changes, so they are kept in the var
+dir (``forward-costs.json``) under a key naming all of those: the weights' checksum, device,
+dtype, the rows probed, the compiled kinds and lean decoder, the torch version, and the
+machine as compiled steps and linear verdicts name it (engine/cpu_linear.py
+`machine_identity`: CPU model and capability, cores, threads). A start with the same key
+adopts them instead of probing; any difference probes again. They are a starting point
+either way: the batch goes on observing every real forward and follows the machine's actual
+load. An unreadable file is ignored (and rewritten at the next probe).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import platform
 from pathlib import Path
 
 import torch
 
 from gateway.engine import ForwardCosts, LoadedModel
+from gateway.engine.cpu_linear import machine_identity
 from models_registry.manifest import ModelEntry
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cost_key(entry: ModelEntry, lm: LoadedModel, rows: int, options: str = "") -> str:
@@ -45,8 +34,7 @@ def cost_key(entry: ModelEntry, lm: LoadedModel, rows: int, options: str = "") -
         "dtype": str(next(lm.model.parameters()).dtype), "rows": rows,
         "compiled": sorted(compiled.kinds) if compiled is not None else None,
         "decoder": type(lm.decoder).__name__ if lm.decoder is not None else None,
-        "options": options, "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "cpu": _cpu_model(), "cpus": os.cpu_count(),
+        "options": options, "torch": torch.__version__, "machine": machine_identity(),
     }, sort_keys=True)  # fmt: skip
 
 

@@ -15,10 +15,10 @@ mechanisms, each bounded by the tenant's policy (`fairness` in its document):
   tokens (prompt tokens computed x 1, a kept prefix not counted; output tokens x 2, as in
   the paper) divided by its policy `weight`. A tenant that starts waiting after being idle
   has its counter lifted to the least counter of the tenants being served, so idleness
-  banks no credit. Between two
-  tenants that stay backlogged, the counters part by at most what one admission adds before
-  the other is picked again: one request row's weighted tokens (prompt + 2 x max_tokens)
-  over its weight, the paper's bound with one row per admission.
+  banks no credit. Between two tenants that stay backlogged, the counters part by at most
+  what one admission adds before the other is picked again: one request row's weighted
+  tokens (prompt + 2 x max_tokens) over its weight, the paper's bound with one row per
+  admission.
 - **Fair steps** (`StepPacer`). A row holds its slot until its request ends, so admission
   alone cannot keep a long request's rows from slowing another tenant's: on a CPU a step
   costs about in proportion to its rows and their contexts. So each batch step's time is
@@ -268,8 +268,8 @@ class StepPacer:
         in it, or, when none did, to the time of the last tenant that left it: nothing is
         banked while away, and a tenant that had the batch to itself carries no lead into
         the next tenant's arrival (without the floor, a tenant returning to an emptied
-        batch kept an old, low time and the one that had used the idle worker sat out
-        until it caught up: tens of seconds in the fairness benchmark)."""
+        batch would keep an old, low time, and the one that had used the idle worker would
+        sit out until it caught up)."""
         present = {s.tenant for s in shares}
         before = self._present.get(batch, frozenset())
         self._present[batch] = frozenset(present)

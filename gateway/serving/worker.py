@@ -166,7 +166,7 @@ class InferenceWorker:
         fair_steps: bool = True,
     ) -> None:
         """``on_start`` runs first on the thread (set torch's thread count there).
-        ``fair_steps``: a tenant served past its share sits steps out (`FairQueue.pace`)."""
+        ``fair_steps``: a tenant served past its share sits steps out (`StepPacer`)."""
         if prefill_chunk < 1:
             raise ValueError(f"GATEWAY_PREFILL_CHUNK must be at least 1, got {prefill_chunk}")
         if prefill_budget < 1:

@@ -191,7 +191,7 @@ class Batch:
 
     def step(self, held: Collection[Row] = ()) -> list[tuple[Row, list[Event]]]:
         """One step of every row but those ``held`` (they sit this step out, keeping their
-        slots: the serving layer's fair sharing, serving/fairness.py `pace`); returns the
+        slots: the serving layer's fair sharing, serving/fairness.py `StepPacer`); returns the
         events each row produced. A row's last event is its Finished (or the Exception its
         step raised); it has then left the batch. A held row whose request was cancelled
         ends now."""
@@ -202,9 +202,8 @@ class Batch:
         sitting = {id(r) for r in held}
         stepping = [r for r in self.rows if id(r) not in sitting]
         for row in self.rows:
-            if id(row) in sitting and row.cancelled is not None and row.cancelled():
-                row.cfg.output.finish("cancelled")
-                events[id(row)] += self._finish(row)
+            if id(row) in sitting:
+                events[id(row)] += self._end_if_cancelled(row)
         with torch.inference_mode():
             prefilled = self._prefill(stepping)
             ks: list[tuple[Row, int]] = []
@@ -217,9 +216,7 @@ class Batch:
             self.steps += 1
             for row in stepping:
                 if row.prefilling:
-                    if row.cancelled is not None and row.cancelled():
-                        row.cfg.output.finish("cancelled")
-                        events[id(row)] += self._finish(row)
+                    events[id(row)] += self._end_if_cancelled(row)
                     continue
                 try:
                     k = plan_k(row.cfg, row.ctx, row.cancelled)  # 2-3a
@@ -413,6 +410,14 @@ class Batch:
                 events[id(row)].append(delta)
             if cfg.output.finish_reason is not None:
                 events[id(row)] += self._finish(row)
+
+    def _end_if_cancelled(self, row: Row) -> list[Event]:
+        """A row not stepping now (held, or prefilling) whose request was cancelled ends
+        here; its events (none if it goes on)."""
+        if row.cancelled is None or not row.cancelled():
+            return []
+        row.cfg.output.finish("cancelled")
+        return self._finish(row)
 
     def _finish(self, row: Row) -> list[Event]:
         out: list[Event] = []

@@ -5,7 +5,6 @@ probes at every start."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,11 @@ from gateway.serving.cost_store import CostStore
 from gateway.serving.models import ModelPool
 from models_registry.manifest import load_manifest
 from tests.integration import tiny_models
-
-
-async def _inline(fn: Callable[[], object]) -> object:
-    return fn()
+from tests.unit.serving.test_pool_verified_weights import inline
 
 
 async def _start(manifest: Path, store: CostStore | None, rows: int) -> ModelPool:
-    pool = ModelPool(load_manifest(manifest), "cpu", None, _inline, probe_rows=rows)
+    pool = ModelPool(load_manifest(manifest), "cpu", None, inline, probe_rows=rows)
     pool.costs = store
     await pool.load_targets()
     return pool

@@ -18,12 +18,13 @@ from models_registry.manifest import load_manifest
 from tests.integration import tiny_models
 
 
-async def _inline(fn: Callable[[], object]) -> object:
+async def inline(fn: Callable[[], object]) -> object:
+    """A pool runner that runs its function here (no inference thread)."""
     return fn()
 
 
 async def _start(manifest_path: Path, verified: Path | None) -> ModelPool:
-    pool = ModelPool(load_manifest(manifest_path), "cpu", None, _inline)
+    pool = ModelPool(load_manifest(manifest_path), "cpu", None, inline)
     pool.verified = verified
     await pool.load_targets()
     return pool
