@@ -94,37 +94,21 @@ class LogitsShaper:
     @staticmethod
     def from_params(sp: SamplingParams, vocab_size: int, device: torch.device) -> LogitsShaper:
         """The shaper a request's sampling parameters ask for, on a vocabulary."""
-        return LogitsShaper.build(
-            vocab_size, device, sp.temperature, sp.top_p, sp.top_k, sp.logit_bias,
-            sp.allowed_token_ids, sp.banned_token_ids,
-        )  # fmt: skip
-
-    @staticmethod
-    def build(
-        vocab_size: int,
-        device: torch.device,
-        temperature: float,
-        top_p: float,
-        top_k: int,
-        logit_bias: tuple[tuple[int, float], ...] = (),
-        allowed_token_ids: tuple[int, ...] | None = None,
-        banned_token_ids: tuple[int, ...] = (),
-    ) -> LogitsShaper:
         bias = None
-        if logit_bias:
+        if sp.logit_bias:
             bias = torch.zeros(vocab_size, dtype=torch.float32, device=device)  # (V,)
-            ids = torch.tensor([i for i, _ in logit_bias], dtype=torch.long, device=device)
-            vals = torch.tensor([v for _, v in logit_bias], dtype=torch.float32, device=device)
+            ids = torch.tensor([i for i, _ in sp.logit_bias], dtype=torch.long, device=device)
+            vals = torch.tensor([v for _, v in sp.logit_bias], dtype=torch.float32, device=device)
             bias.index_put_((ids,), vals, accumulate=True)
         allowed = None
-        if allowed_token_ids is not None or banned_token_ids:
+        if sp.allowed_token_ids is not None or sp.banned_token_ids:
             allowed = torch.ones(vocab_size, dtype=torch.bool, device=device)  # (V,)
-            if allowed_token_ids is not None:
+            if sp.allowed_token_ids is not None:
                 allowed.zero_()
-                allowed[torch.tensor(allowed_token_ids, dtype=torch.long, device=device)] = True
-            if banned_token_ids:
-                allowed[torch.tensor(banned_token_ids, dtype=torch.long, device=device)] = False
-        return LogitsShaper(temperature, top_p, top_k, bias, allowed)
+                allowed[torch.tensor(sp.allowed_token_ids, dtype=torch.long, device=device)] = True
+            if sp.banned_token_ids:
+                allowed[torch.tensor(sp.banned_token_ids, dtype=torch.long, device=device)] = False
+        return LogitsShaper(sp.temperature, sp.top_p, sp.top_k, bias, allowed)
 
     def shape(self, logits: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
         """z = logits + bias, -inf outside allowed and outside masks (n, V) -> (n, V) fp32."""

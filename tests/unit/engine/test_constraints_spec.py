@@ -211,7 +211,7 @@ def masked_reference(logits: torch.Tensor, mask: torch.Tensor, temperature: floa
 def test_one_step_emits_the_masked_renormalised_target(eng, trial) -> None:
     vocab = eng.target.vocab_size
     gen = torch.Generator().manual_seed(trial)
-    shaper = LogitsShaper.build(vocab, torch.device("cpu"), 0.8, 1.0, 0)
+    shaper = LogitsShaper.from_params(SamplingParams(temperature=0.8), vocab, torch.device("cpu"))
     for prefix, mask in grammar_states(eng):
         assert 1 < int(mask.sum()) < vocab, prefix
         target_logits = torch.randn(vocab, generator=gen, dtype=torch.float64) * 3
@@ -235,7 +235,7 @@ def test_verify_sampled_matches_the_masked_target_statistically(eng) -> None:
     support = int(mask.sum())
     assert 2 < support < 40, support
     gen = torch.Generator().manual_seed(7)
-    shaper = LogitsShaper.build(vocab, torch.device("cpu"), 1.0, 1.0, 0)
+    shaper = LogitsShaper.from_params(SamplingParams(temperature=1.0), vocab, torch.device("cpu"))
     z_p = shaper.shape(torch.randn(2, vocab, generator=gen) * 2, mask[None].expand(2, -1))
     p = shaper.probs(z_p)  # (2, V): positions 1 and bonus
     q = shaper.probs(shaper.shape(torch.randn(1, vocab, generator=gen) * 2, mask[None]))  # (1, V)

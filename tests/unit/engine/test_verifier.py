@@ -11,6 +11,7 @@ import torch
 from gateway.engine.constraints import TokenSequencesGrammar
 from gateway.engine.constraints.base import next_token_mask
 from gateway.engine.sampling import LogitsShaper, apply_top_p, argmax_rows, warp
+from gateway.engine.schema import SamplingParams
 from gateway.engine.verifier import (
     Verdict,
     acceptance_probability,
@@ -78,8 +79,9 @@ def test_exact_with_grammar_mask(trial: int) -> None:
     vocab = 10
     gen = torch.Generator().manual_seed(200 + trial)
     grammar = TokenSequencesGrammar([[1, 2], [3, 4], [5], [7, 1]])
-    mask = next_token_mask(grammar, vocab, (0,), torch.device("cpu"))[None]  # (1, V)
-    shaper = LogitsShaper.build(vocab, torch.device("cpu"), 0.9, 0.95, 0)
+    cpu = torch.device("cpu")
+    mask = next_token_mask(grammar, vocab, (0,), cpu)[None]  # (1, V)
+    shaper = LogitsShaper.from_params(SamplingParams(temperature=0.9, top_p=0.95), vocab, cpu)
     p = shaper.probs(shaper.shape(random_logits(gen, vocab)[None], mask))[0].double()
     q = shaper.probs(shaper.shape(random_logits(gen, vocab)[None], mask))[0].double()
     assert set(torch.nonzero(p).flatten().tolist()) <= {1, 3, 5, 7}
