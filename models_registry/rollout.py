@@ -135,29 +135,36 @@ class Rollout:
         return cls(**fields)
 
 
-def start_rollout(
-    id: str,
-    target: str,
-    draft: str,
-    version: str,
-    baseline_version: str | None,
-    canary_percent: float,
-    *,
-    sticky: bool = False,
-    guard: Guard | None = None,
-    reason: str = "started",
-) -> Rollout:
+@dataclass(frozen=True, kw_only=True)
+class ProposedRollout:
+    """A rollout as an operator asks for it: what ``start_rollout`` starts (checked there,
+    by ``Rollout``)."""
+
+    target: str
+    draft: str
+    version: str
+    """The new draft version (an integer is taken as its string)."""
+    baseline_version: str | None
+    """The draft version serving the rest; None = no draft (standard decoding)."""
+    canary_percent: float
+    sticky: bool = False
+    guard: Guard | None = None
+    """None: the default guard."""
+
+
+def start_rollout(id: str, proposed: ProposedRollout, reason: str = "started") -> Rollout:
     """start -> canary."""
+    baseline = proposed.baseline_version
     return Rollout(
         id=id,
-        target=target,
-        draft=draft,
-        version=str(version),
-        baseline_version=None if baseline_version is None else str(baseline_version),
-        canary_percent=canary_percent,
-        sticky=sticky,
+        target=proposed.target,
+        draft=proposed.draft,
+        version=str(proposed.version),
+        baseline_version=None if baseline is None else str(baseline),
+        canary_percent=proposed.canary_percent,
+        sticky=proposed.sticky,
         state=RolloutState.CANARY,
-        guard=guard or Guard(),
+        guard=proposed.guard or Guard(),
         reason=reason,
     )
 
@@ -222,6 +229,7 @@ def apply_guard(rollout: Rollout, verdict: GuardVerdict) -> Rollout:
 __all__ = [
     "TRANSITIONS",
     "PromotionBlocked",
+    "ProposedRollout",
     "Rollout",
     "RolloutState",
     "apply_guard",

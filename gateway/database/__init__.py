@@ -32,10 +32,10 @@ Public API (the service layer codes against these names)::
     put_acceptance(tenant_id, proposer, draft_version, *, ewma_acceptance, ewma_c, samples)
     put_acceptances([(tenant_id, proposer, draft_version, acceptance, c, samples), ...])
     get_acceptance(tenant_id, proposer, draft_version) / list_acceptance(tenant_id=None)
-    register_model(name, version, *, role, path, sha256, target, status, actor)
+    register_model(NewModelVersion(name=, version=, role=, path=, sha256=, ...), *, actor)
     get_model(name, version) / list_models(name, role) / set_model_status(name, version, status)
-    create_rollout(*, target, draft, version, baseline_version, canary_percent, sticky, guard,
-                   state, reason, actor) / update_rollout(id, *, actor, **changes)
+    create_rollout(NewRollout(target=, draft=, version=, ...), *, actor)
+    update_rollout(id, *, actor, **changes)
     get_rollout(id) / list_rollouts(*, target, draft, state)
     update_rollout(id, *, actor, expect_state=...) (compare-and-set)
     add_rollout_sample(rollout_id, arm, ...) / rollout_samples(rollout_id, arm, window)

@@ -8,6 +8,7 @@ chained in the same transaction. Dicts carry ``datetime`` objects (UTC, aware).
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import insert, select, update
@@ -20,37 +21,49 @@ from gateway.database.tables_shared import SAMPLES
 _ROLLOUT_FIELDS = frozenset({"state", "canary_percent", "sticky", "guard", "reason"})
 
 
+@dataclass(frozen=True, kw_only=True)
+class NewModelVersion:
+    """A model version to register: the ``models`` row before its ``registered_at``."""
+
+    name: str
+    version: str
+    role: str
+    target: str | None = None
+    """The target a draft serves; None for a target."""
+    path: str
+    sha256: str
+    status: str = "registered"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewRollout:
+    """A rollout to start: the ``rollouts`` row before its ``id`` and timestamps."""
+
+    target: str
+    draft: str
+    version: str
+    baseline_version: str | None
+    canary_percent: float
+    sticky: bool = True
+    state: str = "canary"
+    guard: dict[str, Any] | None = None
+    reason: str | None = None
+
+
 class RolloutsMixin(StoreBase):
     # -- model versions ----------------------------------------------------------------------
 
     async def register_model(
-        self,
-        name: str,
-        version: str,
-        *,
-        role: str,
-        path: str,
-        sha256: str,
-        target: str | None = None,
-        status: str = "registered",
-        actor: str | None = None,
+        self, model: NewModelVersion, *, actor: str | None = None
     ) -> dict[str, Any]:
         """Insert a model version (IntegrityError if ``name``/``version`` exists)."""
-        row = {
-            "name": name,
-            "version": version,
-            "role": role,
-            "target": target,
-            "path": path,
-            "sha256": sha256,
-            "status": status,
-            "registered_at": utcnow(),
-        }
+        row = {**asdict(model), "registered_at": utcnow()}
         async with self._write() as conn:
             await conn.execute(insert(MODELS).values(**row))
             if actor is not None:
                 after = {k: v for k, v in row.items() if k != "registered_at"}
-                event = AdminEvent(actor, "model.registered", f"{name}@{version}", None, after)
+                subject = f"{model.name}@{model.version}"
+                event = AdminEvent(actor, "model.registered", subject, None, after)
                 await self._append_event(conn, event)
         return row
 
@@ -95,33 +108,15 @@ class RolloutsMixin(StoreBase):
     # -- rollouts ----------------------------------------------------------------------------
 
     async def create_rollout(
-        self,
-        *,
-        target: str,
-        draft: str,
-        version: str,
-        baseline_version: str | None,
-        canary_percent: float,
-        sticky: bool = True,
-        guard: dict[str, Any] | None = None,
-        state: str = "canary",
-        reason: str | None = None,
-        actor: str | None = None,
+        self, rollout: NewRollout, *, actor: str | None = None
     ) -> dict[str, Any]:
         """Start a rollout; returns the row with its new ``id``."""
         now = utcnow()
         row: dict[str, Any] = {
-            "target": target,
-            "draft": draft,
-            "version": version,
-            "baseline_version": baseline_version,
-            "canary_percent": float(canary_percent),
-            "sticky": sticky,
-            "state": state,
-            "guard": guard,
+            **asdict(rollout),
+            "canary_percent": float(rollout.canary_percent),
             "created_at": now,
             "updated_at": now,
-            "reason": reason,
         }
         async with self._write() as conn:
             result = await conn.execute(insert(ROLLOUTS).returning(ROLLOUTS.c.id), row)

@@ -12,6 +12,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.database.rollouts import NewRollout
 from gateway.engine import EngineError, LoadedModel
 from gateway.serving.errors import GatewayError, invalid
 from gateway.serving.regression_gate import run_regression_gate
@@ -214,8 +215,16 @@ class RolloutAdmin:
         try:
             guard = Guard.from_dict(body.get("guard") or {})
             pct, sticky = body.get("canary_percent"), body.get("sticky", False)
-            probe = rl.start_rollout("0", target, draft, version, baseline, pct, sticky=sticky,  # type: ignore[arg-type]
-                                     guard=guard)  # fmt: skip
+            proposed = rl.ProposedRollout(
+                target=target,
+                draft=draft,
+                version=version,
+                baseline_version=baseline,
+                canary_percent=pct,  # type: ignore[arg-type]  # checked by Rollout
+                sticky=sticky,
+                guard=guard,
+            )
+            probe = rl.start_rollout("0", proposed)
         except RegistryError as exc:
             raise invalid(f"invalid rollout: {exc}") from None
         try:
@@ -224,7 +233,7 @@ class RolloutAdmin:
             raise invalid(f"{draft}@{version} cannot be loaded: {exc}", "version") from None
         fields = {**probe.to_dict(), "guard": guard.to_dict()}
         del fields["id"]
-        row = await self.store.create_rollout(**fields, actor=actor)
+        row = await self.store.create_rollout(NewRollout(**fields), actor=actor)
         r = rollout_of(row)
         self.view.rollouts[r.id] = r
         self.view.seen[r.id] = row["updated_at"]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gateway.database import Database
+from gateway.database.rollouts import NewModelVersion
 from gateway.serving.models import ModelPool
 from models_registry.errors import RegistryError
 from models_registry.manifest import ModelEntry
@@ -81,10 +82,16 @@ class RolloutView:
         return r
 
     async def insert_model(self, e: ModelEntry, status: str, actor: str | None) -> None:
-        await self.store.register_model(
-            e.name, e.version, role=e.role, path=str(e.path), sha256=e.sha256,
-            target=e.target, status=status, actor=actor,
-        )  # fmt: skip
+        model = NewModelVersion(
+            name=e.name,
+            version=e.version,
+            role=e.role,
+            target=e.target,
+            path=str(e.path),
+            sha256=e.sha256,
+            status=status,
+        )
+        await self.store.register_model(model, actor=actor)
 
     async def set_status(self, entry: ModelEntry, status: str, actor: str) -> None:
         """Record a version's status; manifest-file versions get their row on first change."""

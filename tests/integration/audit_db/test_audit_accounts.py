@@ -6,6 +6,7 @@ import pytest
 from sqlalchemy import text
 
 from gateway.database import Database, KeyInfo, TenantExists
+from gateway.database.rollouts import NewModelVersion, NewRollout
 
 
 async def test_tenants(store: Database) -> None:
@@ -83,16 +84,25 @@ async def test_acceptance_history_upserts(store: Database) -> None:
 
 
 async def test_models_and_rollouts(store: Database) -> None:
-    await store.register_model("tgt", "1", role="target", path="/m/t", sha256="a" * 64, actor="ops")
-    await store.register_model("drf", "2", role="draft", target="tgt", path="/m/d", sha256="b" * 64)
+    target = NewModelVersion(name="tgt", version="1", role="target", path="/m/t", sha256="a" * 64)
+    draft = NewModelVersion(
+        name="drf", version="2", role="draft", target="tgt", path="/m/d", sha256="b" * 64
+    )
+    await store.register_model(target, actor="ops")
+    await store.register_model(draft)
     assert [m["name"] for m in await store.list_models(role="draft")] == ["drf"]
     assert await store.set_model_status("drf", "2", "active", actor="ops") is True
     assert await store.set_model_status("drf", "9", "active") is False
     assert (await store.get_model("drf", "2"))["status"] == "active"  # type: ignore[index]
-    rollout = await store.create_rollout(
-        target="tgt", draft="drf", version="2", baseline_version="1", canary_percent=10,
-        guard={"min_alpha": 0.4}, actor="ops",
-    )  # fmt: skip
+    new = NewRollout(
+        target="tgt",
+        draft="drf",
+        version="2",
+        baseline_version="1",
+        canary_percent=10,
+        guard={"min_alpha": 0.4},
+    )
+    rollout = await store.create_rollout(new, actor="ops")
     updated = await store.update_rollout(
         rollout["id"], state="promoted", canary_percent=100, reason="guard passed", actor="ops"
     )

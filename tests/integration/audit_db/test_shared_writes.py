@@ -8,6 +8,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from gateway.database import Database
+from gateway.database.rollouts import NewRollout
 
 
 async def _replicas(url: str, n: int = 2) -> list[Database]:
@@ -38,10 +39,18 @@ async def test_concurrent_policy_puts_number_versions_without_gaps(
 async def test_a_guard_rollback_raced_by_two_replicas_is_written_once(
     store: Database, db_url: str
 ) -> None:
-    row = await store.create_rollout(
-        target="t", draft="d", version="2", baseline_version="1", canary_percent=50.0,
-        sticky=False, guard={}, state="canary", reason="", actor="alice",
-    )  # fmt: skip
+    new = NewRollout(
+        target="t",
+        draft="d",
+        version="2",
+        baseline_version="1",
+        canary_percent=50.0,
+        sticky=False,
+        guard={},
+        state="canary",
+        reason="",
+    )
+    row = await store.create_rollout(new, actor="alice")
     replicas = await _replicas(db_url, 4)
     try:
         results = await asyncio.gather(

@@ -13,6 +13,7 @@ from models_registry.regression import GateVerdict
 from models_registry.rollout import (
     TRANSITIONS,
     PromotionBlocked,
+    ProposedRollout,
     Rollout,
     RolloutState,
     apply_guard,
@@ -37,12 +38,22 @@ LEGAL = {
 
 
 def rollout(state: RolloutState = S.CANARY, **kw: object) -> Rollout:
-    base = start_rollout("r1", "demo-code-target", "demo-code-draft", "2", "1", 10.0)
+    proposed = ProposedRollout(
+        target="demo-code-target",
+        draft="demo-code-draft",
+        version="2",
+        baseline_version="1",
+        canary_percent=10.0,
+    )
+    base = start_rollout("r1", proposed)
     return Rollout(**{**base.__dict__, "state": state, **kw})
 
 
 def test_start_is_canary() -> None:
-    r = start_rollout("r1", "t", "d", "2", "1", 5, sticky=True)
+    proposed = ProposedRollout(
+        target="t", draft="d", version="2", baseline_version="1", canary_percent=5, sticky=True
+    )
+    r = start_rollout("r1", proposed)
     assert (r.state, r.reason, r.sticky, r.guard) == (S.CANARY, "started", True, Guard())
 
 

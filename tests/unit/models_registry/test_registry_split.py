@@ -5,12 +5,20 @@ from collections import Counter
 
 import pytest
 
-from models_registry.rollout import Rollout, RolloutState, start_rollout
+from models_registry.rollout import ProposedRollout, Rollout, RolloutState, start_rollout
 from models_registry.split import bucket, choose_version, in_canary
 
 
 def rollout(percent: float = 10.0, sticky: bool = False, **kw: object) -> Rollout:
-    r = start_rollout("ro-42", "t", "d", "2", "1", percent, sticky=sticky)
+    proposed = ProposedRollout(
+        target="t",
+        draft="d",
+        version="2",
+        baseline_version="1",
+        canary_percent=percent,
+        sticky=sticky,
+    )
+    r = start_rollout("ro-42", proposed)
     return Rollout(**{**r.__dict__, **kw})
 
 
