@@ -25,7 +25,6 @@ from gateway.http.audit_query import (
     Limit,
     Since,
     Until,
-    filter_query,
 )
 from gateway.limits import INT64_MAX
 from gateway.serving import Services
@@ -126,7 +125,7 @@ async def _who(request: Request[Any, Any, Any]) -> Principal:
     return await _svc(request).auth.auditor(request.headers.get("authorization"))
 
 
-FILTERS = {"filters": Provide(filter_query, sync_to_thread=False)}
+FILTERS = {"filters": Provide(FilterQuery, sync_to_thread=False)}
 
 
 @get("/audit/records", summary="Audit records (filters, cursor pagination)", dependencies=FILTERS)

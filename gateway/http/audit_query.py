@@ -52,35 +52,22 @@ Format = Annotated[
 
 
 class FilterQuery(msgspec.Struct, frozen=True, kw_only=True):
-    """The record filters as sent (strings), parsed by `audit._filter`."""
+    """The record filters of /audit/records, /audit/export and /audit/summary as sent
+    (strings), parsed by `audit._filter`. Litestar builds it as a dependency from the query
+    string, one documented parameter per field."""
 
-    tenant: str | None
-    since: str | None
-    until: str | None
-    mode: str | None
-    target_model: str | None
-    target_version: str | None
-    draft_model: str | None
-    draft_version: str | None
-    status: str | None
-    decision_id: str | None
-    user: str | None
-    trace_id: str | None
-
-
-def filter_query(
-    since: Since = None,
-    until: Until = None,
+    since: Since = None
+    until: Until = None
     tenant: Annotated[
         str | None, _query("Tenant id (an auditor key reads its own tenant only).")
-    ] = None,
-    mode: Annotated[
-        str | None, _query("Decoding mode that served it (speculative, standard).")
-    ] = None,
-    target_model: Annotated[str | None, _query("Target model name.")] = None,
-    target_version: Annotated[str | None, _query("Target model version.")] = None,
-    draft_model: Annotated[str | None, _query("Draft model name.")] = None,
-    draft_version: Annotated[str | None, _query("Draft model version.")] = None,
+    ] = None
+    mode: Annotated[str | None, _query("Decoding mode that served it (speculative, standard).")] = (
+        None
+    )
+    target_model: Annotated[str | None, _query("Target model name.")] = None
+    target_version: Annotated[str | None, _query("Target model version.")] = None
+    draft_model: Annotated[str | None, _query("Draft model name.")] = None
+    draft_version: Annotated[str | None, _query("Draft model version.")] = None
     status: Annotated[
         str | None,
         _query(
@@ -89,28 +76,12 @@ def filter_query(
             minimum=STATUS_CODES[0],
             maximum=STATUS_CODES[1],
         ),
-    ] = None,
-    decision_id: Annotated[str | None, _query("The policy decision's id.")] = None,
+    ] = None
+    decision_id: Annotated[str | None, _query("The policy decision's id.")] = None
     user: Annotated[
         str | None,
         _query("The request's end-user id (OpenAI's user); matched through its SHA-256."),
-    ] = None,
+    ] = None
     trace_id: Annotated[
         str | None, _query("The request's OpenTelemetry trace id (32 hex digits).")
-    ] = None,
-) -> FilterQuery:
-    """Dependency: the filters of /audit/records, /audit/export and /audit/summary."""
-    return FilterQuery(
-        tenant=tenant,
-        since=since,
-        until=until,
-        mode=mode,
-        target_model=target_model,
-        target_version=target_version,
-        draft_model=draft_model,
-        draft_version=draft_version,
-        status=status,
-        decision_id=decision_id,
-        user=user,
-        trace_id=trace_id,
-    )
+    ] = None
