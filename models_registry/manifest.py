@@ -29,7 +29,9 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _REQUIRED = ("name", "version", "role", "path", "sha256")
 _OPTIONAL_STR = ("architecture", "tokenizer", "dtype", "trained_on", "target")
 _OPTIONAL_INT = ("parameters", "layers", "hidden")
-TOOL_FORMATS: tuple[str, ...] = ("hermes", "llama3_json", "mistral", "granite", "pythonic")
+TOOL_FORMATS: tuple[str, ...] = (
+    "hermes", "llama3_json", "mistral", "mistral_v11", "granite", "pythonic",
+)  # fmt: skip
 """The tool-call syntaxes a target may be declared to speak (``tool_format``; the engine's
 gateway/engine/constraints/tool_formats.py defines them). Unset: read off the chat template."""
 _OPTIONAL_CHOICE: dict[str, tuple[str, ...]] = {"tool_format": TOOL_FORMATS}

@@ -52,6 +52,7 @@ from gateway.serving.reasoning import reasoning_tokens
 from gateway.serving.reasoning import split as split_reasoning
 from gateway.serving.recorder import Observed, Recorder
 from gateway.serving.rollouts import RolloutTraffic
+from gateway.serving.shown import Shown
 from gateway.serving.suffix_store import SuffixStore
 from gateway.serving.tool_output import ParsedCall, check_output, format_of, read_calls
 from gateway.serving.tracing import RunTimings, Tracing, decision_attributes
@@ -180,15 +181,18 @@ class Generation:
         """(choice index, text delta) as the engine emits them, the choices interleaved;
         afterwards every choice holds its result."""
         jobs = [c.job for c in self.choices]
+        shown = Shown.of(self.prepared)  # structural special tokens written in (shown.py)
         try:
             async for index, event in merged_events(self.service.worker, jobs):
                 choice = self.choices[index]
                 if isinstance(event, Finished):
-                    await self._check_constraint(choice, event.result)
-                    choice.result = event.result
+                    result = shown.result(event.result) if shown else event.result
+                    await self._check_constraint(choice, result)
+                    choice.result = result
                     continue
                 if self.first_token_at is None:
                     self.first_token_at = time.perf_counter()
+                event = shown.delta(index, event) if shown else event
                 choice.text_parts.append(event.text)
                 yield index, event
         except EngineError as exc:

@@ -1,6 +1,9 @@
 """Chat templates modelled on each tool-calling family's published template (written here
 for the tests: the turn markers, where the tools are listed, how an assistant's calls and
 the tool results are rendered), and a manifest serving the tiny pair once per family.
+Mistral's two templates are here: v0.3's ``[TOOL_CALLS] [{...}]`` with call ids, and the
+tokenizer-v11 one (Mistral Small 3.2, Magistral, Devstral): ``[TOOL_CALLS]f[ARGS]{...}``
+per call, results in ``[TOOL_RESULTS]…[/TOOL_RESULTS]``.
 
 The templates follow their family in what the gateway depends on: the call syntax the
 model is taught (which `detect_format` reads), the roles that carry tool results (Llama's
@@ -112,6 +115,24 @@ MISTRAL = """{%- set ns = namespace(last=-1) %}
 {%- endif %}
 {%- endfor %}"""
 
+MISTRAL_V11 = """{{- '<s>' }}
+{%- if messages[0].role == 'system' %}[SYSTEM_PROMPT]{{ messages[0].content }}[/SYSTEM_PROMPT]\
+{% endif %}
+{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}[INST]{{ m.content }}[/INST]
+{%- elif m.role == 'assistant' %}{% if m.content %}{{ m.content }}{% endif %}
+{%- for c in m.tool_calls or [] %}
+{%- set arguments = c.function.arguments %}
+{%- if arguments is not string %}{% set arguments = arguments | tojson %}\
+{% elif arguments == '' %}{% set arguments = '{}' %}{% endif %}
+{{- '[TOOL_CALLS]' + c.function.name + '[ARGS]' + arguments }}
+{%- endfor %}</s>
+{%- elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]
+{%- elif m.role != 'system' %}{{ raise_exception('Only user, assistant and tool roles') }}
+{%- endif %}
+{%- endfor %}"""
+
 GRANITE = """{%- if tools %}<|start_of_role|>available_tools<|end_of_role|>
 {% for tool in tools %}{{ tool | tojson(indent=4) }}
 {% endfor %}<|end_of_text|>
@@ -167,11 +188,12 @@ TEMPLATES = {
     "hermes": QWEN,
     "llama3_json": LLAMA3,
     "mistral": MISTRAL,
+    "mistral_v11": MISTRAL_V11,
     "granite": GRANITE,
     "pythonic": PYTHONIC,
 }
 """Each family's template, by the format it teaches."""
-TAGS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "<|tool_call|>")
+TAGS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "<|tool_call|>", "[ARGS]")
 """The families' opening markers, added as whole tokens as their tokenizers have them."""
 SPECIAL_TAGS = TAGS[1:]
 """The markers that are special tokens in their families' tokenizers (Qwen's <tool_call> is

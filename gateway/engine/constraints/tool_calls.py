@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -80,18 +80,25 @@ def call_prefix(name: str, fmt: ToolFormat = HERMES) -> str:
     return fmt.head(name)
 
 
-def _literal(text: str, fmt: ToolFormat, tag_id: int | None) -> str:
-    """``text`` in Lark: quoted, its tag as the added token when the tokenizer has one
-    (llguidance keeps added tokens apart from text, so the grammar must name them)."""
+def _literal(text: str, fmt: ToolFormat, ids: Mapping[str, int]) -> str:
+    """``text`` in Lark: quoted, each of the format's markers in it as the added token when
+    the tokenizer has one (``ids``; llguidance keeps added tokens apart from text, so the
+    grammar must name them), the tag followed by an optional space where the format allows
+    one."""
     if not text:
         return ""
-    if fmt.tag is None or fmt.tag not in text or (tag_id is None and not fmt.tag_space):
+    found = [m for m in fmt.markers if m in text and (m in ids or (m == fmt.tag and fmt.tag_space))]
+    if not found:
         return json.dumps(text)
-    tag = json.dumps(fmt.tag) if tag_id is None else f"<[{tag_id}]>"
-    if fmt.tag_space:
-        tag += ' " "?'
-    parts = [json.dumps(p) if p else "" for p in text.split(fmt.tag)]
-    return f" {tag} ".join(parts).strip()
+    parts = []
+    for piece in re.split("(" + "|".join(re.escape(m) for m in found) + ")", text):
+        if piece in found:
+            parts.append(f"<[{ids[piece]}]>" if piece in ids else json.dumps(piece))
+            if piece == fmt.tag and fmt.tag_space:
+                parts.append('" "?')
+        elif piece:
+            parts.append(json.dumps(piece))
+    return " ".join(parts)
 
 
 def grammar_text(
@@ -99,19 +106,21 @@ def grammar_text(
     mode: ToolMode,
     parallel: bool,
     fmt: ToolFormat = HERMES,
-    tag_id: int | None = None,
+    ids: Mapping[str, int] | None = None,
 ) -> str:
     """The Lark grammar (llguidance's dialect) of the calls the model may emit in ``fmt``.
 
-    ``tag_id``: the id of the format's tag when the tokenizer has it as one added token
-    (Qwen2.5, Hermes, Llama, Mistral and Granite tokenizers do), which llguidance keeps apart
-    from text: the grammar then names that token, since text bytes can never produce it (a
-    literal would even mask it in and then refuse it)."""
+    ``ids``: the format's markers that the tokenizer has as one added token each, by their
+    text (Qwen2.5, Hermes, Llama, Mistral and Granite tokenizers have their tags so), which
+    llguidance keeps apart from text: the grammar then names that token, since text bytes
+    can never produce it (a literal would even mask it in and then refuse it)."""
     if not tools:
         raise ToolError("tools must contain at least one function", None)
+    ids = ids or {}
+    tag_id = ids.get(fmt.tag) if fmt.tag is not None else None
 
     def lit(text: str) -> str:
-        return _literal(text, fmt, tag_id)
+        return _literal(text, fmt, ids)
 
     lines = ["%llguidance {}"]
     more = f" ({lit(fmt.separator)} call)*" if parallel else ""
@@ -151,11 +160,11 @@ def grammar_text(
                 args, rules = python_arguments(f"args_{i}", tool.parameters)
             except ConstraintError as exc:
                 raise ToolError(f"function {tool.name!r}: {exc}", i) from None
-            lines.append(f"fn_{i}: {json.dumps(fmt.head(tool.name))} {args} {close}")
+            lines.append(f"fn_{i}: {lit(fmt.head(tool.name))} {args} {close}")
             lines += rules
         else:
             schema = {**tool.parameters, **options}
-            lines.append(f"fn_{i}: {json.dumps(fmt.head(tool.name))} args_{i} {close}")
+            lines.append(f"fn_{i}: {lit(fmt.head(tool.name))} args_{i} {close}")
             lines.append(f"args_{i}: %json {json.dumps(schema, allow_nan=False)}")
     return "\n".join(lines) + "\n"
 
@@ -209,20 +218,26 @@ def compile_tool_grammar(
     """Check the tools and compile their grammar (cached like JSON schemas) in the model's
     syntax: ``tool_format`` (the manifest's) or the one its chat template teaches. The
     compiled grammar's ``schema`` is ``{"tools": {name: parameters}, "format": name}``,
-    what its output must obey and how to read it back (with ``"hidden_tag": true`` where
-    the format's tag is a special token, which the output's text does not show)."""
+    what its output must obey and how to read it back: with ``"hidden_tag": true`` where
+    the format's tag is a special token, which the output's text does not show, or for a
+    format read with its markers (`ToolFormat.shown_markers`) ``"shown"``: its markers that
+    are special tokens, by their text, to write back into the output's text."""
     check_tools(tools)
     try:
         fmt = model_format(tokenizer, tool_format)
     except ConstraintError as exc:
         raise ToolError(str(exc), None) from None
     added: dict[str, int] = getattr(tokenizer, "get_added_vocab", dict)()
-    tag_id = added.get(fmt.tag) if fmt.tag is not None else None
-    text = grammar_text(tools, mode, parallel, fmt, tag_id)
+    ids = {m: added[m] for m in fmt.markers if m in added}
+    text = grammar_text(tools, mode, parallel, fmt, ids)
     digest = hashlib.sha256(text.encode()).hexdigest()
     schema: dict[str, Any] = {"tools": {t.name: t.parameters for t in tools}, "format": fmt.name}
-    if tag_id is not None and not tokenizer.decode([tag_id], skip_special_tokens=True):
-        schema["hidden_tag"] = True  # a special token: the output's text never shows it
+    # special tokens: the output's text (decoded without them) never shows them
+    hidden = {m: i for m, i in ids.items() if not tokenizer.decode([i], skip_special_tokens=True)}
+    if fmt.shown_markers and hidden:
+        schema["shown"] = hidden  # written back into the text for reading (serving/shown.py)
+    elif fmt.tag in hidden:
+        schema["hidden_tag"] = True
     try:
         return compile_grammar_text(tokenizer, text, vocab_size, schema, digest)
     except ToolError:

@@ -13,14 +13,17 @@ llama3_json     ``{"name":"f","parameters":{...}}``, calls separated by ``;``, a
                 of the output, optionally after ``<|python_tag|>`` (Llama 3.1 to 3.3)
 mistral         ``[TOOL_CALLS][{"name":"f","arguments":{...}}, ...]`` (a space may follow
                 the tag: Mistral v0.3 writes one; Mistral, Mixtral, Ministral, Nemo)
+mistral_v11     ``[TOOL_CALLS]f[ARGS]{...}`` per call, the calls written one after another
+                (Mistral's tokenizer v11 and later: Mistral Small 3.2, Magistral, Devstral)
 granite         ``<|tool_call|>[{"name":"f","arguments":{...}}, ...]`` (Granite 3.x)
 pythonic        ``[f(city="Paris", days=3), g()]`` at the start of the output, arguments
                 as Python literals (Llama 4, Llama 3.2 pythonic, ToolACE, ...)
 ==============  ===========================================================================
 
 ``anywhere`` formats may follow answer text (the opening tag triggers the call); the others
-only start an output (their opening is ordinary JSON or a bracket). ``tag`` is the marker a
-tokenizer may hold as one added token: the grammar then names that token.
+only start an output (their opening is ordinary JSON or a bracket). ``tag`` (and
+``args_tag``) are the markers a tokenizer may hold as one added token: the grammar then
+names that token.
 
 `detect_format` reads the syntax off the model's chat template (the template teaches the
 model what it was trained on); a manifest may name it instead (``tool_format``).
@@ -70,14 +73,28 @@ class ToolFormat:
     hidden_tag: bool = False
     """The tag is a special token of the model's tokenizer, so the output's text (decoded
     without special tokens) never shows it: the calls are read from what follows it."""
+    args_tag: str = ""
+    """Written between a call's name and its arguments (Mistral v11's ``[ARGS]``): the call
+    is ``name`` + this + the arguments object, with no wrapper around them."""
+    shown_markers: bool = False
+    """Its markers, where they are special tokens, are written back into the output's text
+    for reading it: without them the text (``f{...}``) would not tell a call from answer
+    text."""
 
     @property
     def python(self) -> bool:
         """Arguments are Python keyword arguments, not a JSON object."""
-        return not self.key
+        return not self.key and not self.args_tag
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The format's markers a tokenizer may hold as single tokens."""
+        return tuple(m for m in (self.tag, self.args_tag) if m)
 
     def head(self, name: str) -> str:
         """A call's text from its start up to its arguments."""
+        if self.args_tag:
+            return name + self.args_tag
         if self.python:
             return f"{name}("
         return '{"name":' + json.dumps(name) + f',"{self.key}":'
@@ -85,6 +102,8 @@ class ToolFormat:
     @property
     def head_pattern(self) -> re.Pattern[str]:
         """Matches a complete head; group 1 is the function name."""
+        if self.args_tag:
+            return re.compile(r"([A-Za-z0-9_-]{1,64})" + re.escape(self.args_tag))
         if self.python:
             return re.compile(r"([A-Za-z0-9_-]{1,64})\(")
         return re.compile(r'\{"name":"([A-Za-z0-9_-]{1,64})","' + self.key + '":')
@@ -113,14 +132,19 @@ MISTRAL: Final = ToolFormat(
     "mistral", "[TOOL_CALLS][", "", "}", ", ", "]", "[TOOL_CALLS]", True, id_length=9,
     tag_space=True,
 )  # fmt: skip
+MISTRAL_V11: Final = ToolFormat(
+    "mistral_v11", "", "[TOOL_CALLS]", "", "", "", "[TOOL_CALLS]", True, "", id_length=9,
+    args_tag="[ARGS]", shown_markers=True,
+)  # fmt: skip
 GRANITE: Final = ToolFormat("granite", "<|tool_call|>[", "", "}", ", ", "]", "<|tool_call|>", True)
 PYTHONIC: Final = ToolFormat("pythonic", "[", "", ")", ", ", "]", None, False, "")
 FORMATS: Final[dict[str, ToolFormat]] = {
-    f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, GRANITE, PYTHONIC)
+    f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, MISTRAL_V11, GRANITE, PYTHONIC)
 }
 
 # What each family's published template says, most specific first.
 _SIGNS: Final = (
+    (MISTRAL_V11, re.compile(r"\[TOOL_CALLS\].{0,80}\[ARGS\]", re.DOTALL)),
     (MISTRAL, re.compile(r"\[TOOL_CALLS\]")),
     (GRANITE, re.compile(r"<\|tool_call\|>")),
     (HERMES, re.compile(r"<tool_call>")),
@@ -244,6 +268,7 @@ __all__ = [
     "HERMES",
     "LLAMA3_JSON",
     "MISTRAL",
+    "MISTRAL_V11",
     "PYTHONIC",
     "ToolFormat",
     "detect_format",

@@ -75,6 +75,10 @@ CALLS = {
         '[TOOL_CALLS][{"name":"add","arguments":{"a":3}}]',
         '{"name":"city","arguments":{"n":"Paris","hot":true}}',
     ),
+    "mistral_v11": (
+        '[TOOL_CALLS]add[ARGS]{"a":3}',
+        '[TOOL_CALLS]city[ARGS]{"n":"Paris","hot":true}',
+    ),
     "granite": (
         '<|tool_call|>[{"name":"add","arguments":{"a":3}}]',
         '{"name":"city","arguments":{"n":"Paris","hot":true}}',
