@@ -18,10 +18,15 @@ from gateway.engine.models import default_device, serving_threads
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.checkpoint_s3 import S3LockOptions, S3LockSink
-from gateway.serving.checkpoints import CheckpointJob, make_witness, start_checkpoints
+from gateway.serving.checkpoints import (
+    CheckpointJob,
+    CheckpointOptions,
+    make_witness,
+    start_checkpoints,
+)
 from gateway.serving.cost_store import CostStore
 from gateway.serving.decisions import PolicyService
-from gateway.serving.generation import GenerationService
+from gateway.serving.generation import GenerationService, Pipeline
 from gateway.serving.models import ModelPool
 from gateway.serving.oidc import OidcConfig, OidcVerifier
 from gateway.serving.ratelimit import Limiter, Limits, RateLimiter
@@ -30,7 +35,7 @@ from gateway.serving.recorder import Recorder
 from gateway.serving.retention import RetentionJob, start_retention
 from gateway.serving.rollouts import RolloutAdmin, RolloutTraffic, RolloutView
 from gateway.serving.tracing import Tracing
-from gateway.serving.worker import InferenceWorker, batch_rows
+from gateway.serving.worker import InferenceWorker, WorkerOptions, batch_rows
 from gateway.settings import Settings
 
 T = TypeVar("T")
@@ -134,15 +139,17 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     # tokenizers' rayon pool, one thread per core, woken by every prompt); an operator's own
     # setting wins.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    worker = InferenceWorker(
-        settings.queue_capacity,
-        settings.max_active,
-        on_start=lambda: init_torch_thread(settings.torch_threads or serving_threads()),
+    options = WorkerOptions(
+        capacity=settings.queue_capacity,
+        max_active=settings.max_active,
         max_batch=settings.max_batch,
         kv_budget_tokens=settings.kv_budget_tokens,
         prefill_chunk=settings.prefill_chunk,
         prefill_budget=settings.prefill_budget,
         fair_steps=_fair_steps(settings),
+    )
+    worker = InferenceWorker(
+        options, on_start=lambda: init_torch_thread(settings.torch_threads or serving_threads())
     )
     worker.start()
     compile_mode = _compile_mode(settings.compile)
@@ -178,10 +185,16 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     policy = PolicyService(store, settings.policies, limits, choose_draft=traffic.choose)
     await policy.start()
     limiter = make_limiter(settings)
-    generation = GenerationService(
-        pool=pool, worker=worker, policy=policy, traffic=traffic, limiter=limiter,
-        recorder=recorder, tracing=tracing, prefix_cache=settings.prefix_cache,
-    )  # fmt: skip
+    pipeline = Pipeline(
+        pool=pool,
+        worker=worker,
+        policy=policy,
+        traffic=traffic,
+        limiter=limiter,
+        recorder=recorder,
+        tracing=tracing,
+    )
+    generation = GenerationService(pipeline, prefix_cache=settings.prefix_cache)
     auth = Authenticator(
         store, bootstrap_admin_hash(settings.admin_key, settings.var_dir), make_oidc(settings)
     )
@@ -204,12 +217,8 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     services.start_sync()
     services.retention = start_retention(store, settings.retention_interval_s)
     services.checkpoints = start_checkpoints(
-        store, interval_s=settings.audit_checkpoint_interval_s,
-        records=settings.audit_checkpoint_records, key=settings.audit_signing_key,
-        origin=settings.audit_log_origin, var_dir=settings.var_dir,
-        file=settings.audit_checkpoint_file, witness_url=settings.audit_witness_url,
-        witness_vkey=settings.audit_witness_vkey, more=make_s3_sink(settings),
-    )  # fmt: skip
+        store, checkpoint_options(settings), more=make_s3_sink(settings)
+    )
     services.witness = make_witness(settings.witness_key, settings.witness_logs, settings.var_dir)
     return services
 
@@ -220,6 +229,20 @@ def database_timeouts(settings: Settings) -> Timeouts:
         lock_ms=settings.database_lock_timeout_ms,
         statement_ms=settings.database_statement_timeout_ms,
         idle_in_transaction_ms=settings.database_idle_in_transaction_timeout_ms,
+    )
+
+
+def checkpoint_options(settings: Settings) -> CheckpointOptions:
+    """The checkpoint job's GATEWAY_AUDIT_* settings."""
+    return CheckpointOptions(
+        interval_s=settings.audit_checkpoint_interval_s,
+        records=settings.audit_checkpoint_records,
+        key=settings.audit_signing_key,
+        origin=settings.audit_log_origin,
+        var_dir=settings.var_dir,
+        file=settings.audit_checkpoint_file,
+        witness_url=settings.audit_witness_url,
+        witness_vkey=settings.audit_witness_vkey,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.database import Admission, RequestRecord
@@ -16,6 +17,7 @@ from gateway.database import sha256_text as _sha
 from gateway.engine import DecodeResult
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.errors import GatewayError
+from gateway.serving.outcome import Outcome
 
 
 def _constraint(cmd: Generate | None) -> tuple[str, str | None]:
@@ -73,46 +75,54 @@ def refused_record(
     return RequestRecord(**request_fields(meta, principal, cmd, status, error))
 
 
-def served_record(
-    *,
-    meta: RequestMeta,
-    principal: Principal,
-    cmd: Generate,
-    status: int,
-    error: GatewayError | None,
-    decision: Any,
-    target: Any,
-    draft: Any | None,
-    prompt_text: str,
-    prompt_tokens: int,
-    result: DecodeResult | None,
-    completion_text: str,
-    first_token_at: float | None,
-    tool_names: tuple[str, ...] = (),
-    admission_id: int | None = None,
-    reasoning_tokens: int | None = None,
-) -> RequestRecord:
-    stats = result.stats if result else None
-    speculative = decision.mode == "speculative"
+@dataclass(frozen=True, kw_only=True)
+class ServedRequest:
+    """A started request as its final audit record sees it: who asked, what the policy
+    decided (``decision``) and which models served it (``target``, ``draft``: manifest
+    entries), the prompt, and what came out."""
+
+    meta: RequestMeta
+    principal: Principal
+    cmd: Generate
+    decision: Any
+    target: Any
+    draft: Any | None
+    prompt_text: str
+    prompt_tokens: int
+    result: DecodeResult | None
+    """The choices' merged output; None when the request ended before every choice did."""
+    completion_text: str
+    first_token_at: float | None
+    """perf_counter() at the first output token, if one came."""
+    tool_names: tuple[str, ...] = ()
+    admission_id: int | None = None
+    reasoning_tokens: int | None = None
+
+
+def served_record(served: ServedRequest, outcome: Outcome) -> RequestRecord:
+    """The final record of a started request, which completes its admission."""
+    stats = served.result.stats if served.result else None
+    speculative = served.decision.mode == "speculative"
     ttft = None
-    if first_token_at is not None:
-        ttft = round((first_token_at - meta.received_at) * 1000, 3)
+    if served.first_token_at is not None:
+        ttft = round((served.first_token_at - served.meta.received_at) * 1000, 3)
+    tools = served.cmd.constraint == "tools"
     return RequestRecord(
-        **request_fields(meta, principal, cmd, status, error),
-        **decision_fields(decision, target, draft),
-        k_min=decision.k_min if speculative else None,
-        k_max=decision.k_max if speculative else None,
+        **request_fields(served.meta, served.principal, served.cmd, outcome.status, outcome.error),
+        **decision_fields(served.decision, served.target, served.draft),
+        k_min=served.decision.k_min if speculative else None,
+        k_max=served.decision.k_max if speculative else None,
         drafted_tokens=stats.drafted if stats else 0,
         accepted_tokens=stats.accepted if stats else 0,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=len(result.token_ids) if result else 0,
+        prompt_tokens=served.prompt_tokens,
+        completion_tokens=len(served.result.token_ids) if served.result else 0,
         ttft_ms=ttft,
-        prompt_sha256=_sha(prompt_text),
-        completion_sha256=_sha(completion_text),
-        tool_calls=len(tool_names) if cmd.constraint == "tools" else None,
-        tool_names=tool_names if cmd.constraint == "tools" else None,
-        admission_id=admission_id,
-        reasoning_tokens=reasoning_tokens,
+        prompt_sha256=_sha(served.prompt_text),
+        completion_sha256=_sha(served.completion_text),
+        tool_calls=len(served.tool_names) if tools else None,
+        tool_names=served.tool_names if tools else None,
+        admission_id=served.admission_id,
+        reasoning_tokens=served.reasoning_tokens,
     )
 
 

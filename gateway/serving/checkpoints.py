@@ -216,34 +216,43 @@ def signing_key(value: str | None, var_dir: str, origin: str) -> Signer:
     return signer
 
 
+@dataclass(frozen=True, kw_only=True)
+class CheckpointOptions:
+    """The checkpoint job's settings (GATEWAY_AUDIT_CHECKPOINT_*, GATEWAY_AUDIT_SIGNING_KEY,
+    GATEWAY_AUDIT_LOG_ORIGIN, GATEWAY_AUDIT_WITNESS_*)."""
+
+    interval_s: int
+    """Seconds between checkpoints; 0 disables the job."""
+    records: int
+    """Chain rows waiting that make a checkpoint due before its interval."""
+    key: str | None
+    """The log's signing key; None: the one kept in ``var_dir`` (generated on first start)."""
+    origin: str
+    """The origin (log name) of a key generated on first start."""
+    var_dir: str
+    file: str | None
+    """The file sink's path; None: ``{var_dir}/audit-checkpoints.txt``; ``off``: none."""
+    witness_url: str | None = None
+    witness_vkey: str | None = None
+
+
 def start_checkpoints(
-    store: Database,
-    *,
-    interval_s: int,
-    records: int,
-    key: str | None,
-    origin: str,
-    var_dir: str,
-    file: str | None,
-    witness_url: str | None,
-    witness_vkey: str | None,
-    more: Sequence[Sink] = (),
+    store: Database, options: CheckpointOptions, more: Sequence[Sink] = ()
 ) -> CheckpointJob | None:
     """The started job, or None when ``interval_s`` is 0 (disabled). ``more``: sinks made
     elsewhere (the S3 one), after the file and the witness."""
-    if interval_s < 0 or records < 1:
+    if options.interval_s < 0 or options.records < 1:
         raise ValueError("GATEWAY_AUDIT_CHECKPOINT_INTERVAL_S >= 0 and _RECORDS >= 1 required")
-    if interval_s == 0:
+    if options.interval_s == 0:
         return None
     sinks: list[Sink] = []
-    if file != "off":
-        sinks.append(FileSink(file or str(Path(var_dir) / "audit-checkpoints.txt")))
-    if witness_url:
-        sinks.append(WitnessSink(witness_url, witness_vkey))
+    if options.file != "off":
+        sinks.append(FileSink(options.file or str(Path(options.var_dir) / "audit-checkpoints.txt")))
+    if options.witness_url:
+        sinks.append(WitnessSink(options.witness_url, options.witness_vkey))
     sinks.extend(more)
-    job = CheckpointJob(
-        AuditLog(store, signing_key(key, var_dir, origin)), interval_s, records, sinks
-    )
+    signer = signing_key(options.key, options.var_dir, options.origin)
+    job = CheckpointJob(AuditLog(store, signer), options.interval_s, options.records, sinks)
     job.start()
     return job
 

@@ -31,7 +31,12 @@ from gateway.engine import (
     KPrior,
 )
 from gateway.engine.constraints.json_schema import ConstraintError
-from gateway.serving.audit_map import admission_record, refused_record, served_record
+from gateway.serving.audit_map import (
+    ServedRequest,
+    admission_record,
+    refused_record,
+    served_record,
+)
 from gateway.serving.choices import merged_events, merged_result, seed_of
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.decisions import Plan, PolicyService
@@ -255,31 +260,45 @@ class Generation:
 COST_K = 16  # verify costs handed to the policy for k = 0..16 (extrapolated past)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    """The services a request passes through, one or more steps each (module docstring)."""
+
+    pool: ModelPool
+    """The loaded models: the target's engine and the drafts."""
+    worker: InferenceWorker
+    """Runs the decode rows."""
+    policy: PolicyService
+    """Decides the decoding and the limits; learns from the outcome."""
+    traffic: RolloutTraffic
+    """The rollouts' split of draft versions; the guard's samples."""
+    limiter: Limiter
+    """The tenants' rate limits."""
+    recorder: Recorder
+    """The audit records and their listeners (metrics, request log)."""
+    tracing: Tracing = field(default_factory=lambda: Tracing(None))
+    """The spans to make (default none)."""
+
+
 class GenerationService:
     def __init__(
         self,
+        pipeline: Pipeline,
         *,
-        pool: ModelPool,
-        worker: InferenceWorker,
-        policy: PolicyService,
-        traffic: RolloutTraffic,
-        limiter: Limiter,
-        recorder: Recorder,
-        tracing: Tracing | None = None,
         prefix_cache: bool = True,
         slots: RequestSlots | None = None,
         suffix: SuffixStore | None = None,
     ) -> None:
         self.slots = slots or RequestSlots()  # each tenant's requests in flight, capped
         self.suffix = suffix or SuffixStore()  # each tenant's texts, for proposer "suffix"
-        self.tracing = tracing or Tracing(None)
         self.prefix_cache = prefix_cache  # rows reuse their tenant's kept prompt prefixes
-        self.pool = pool
-        self.worker = worker
-        self.policy = policy
-        self.traffic = traffic
-        self.limiter = limiter
-        self.recorder = recorder
+        self.tracing = pipeline.tracing
+        self.pool = pipeline.pool
+        self.worker = pipeline.worker
+        self.policy = pipeline.policy
+        self.traffic = pipeline.traffic
+        self.limiter = pipeline.limiter
+        self.recorder = pipeline.recorder
 
     async def start(self, principal: Principal, meta: RequestMeta, cmd: Generate) -> Generation:
         tenant = self._authorize(principal)  # 1. a tenant key; the audit store writable
@@ -341,16 +360,23 @@ class GenerationService:
         self.slots.release(gen.principal.tenant_id)
         result = gen.result
         completion = gen.completion_text
-        record = served_record(
-            meta=gen.meta, principal=gen.principal, cmd=gen.command, status=outcome.status,
-            error=outcome.error, decision=gen.recorded_decision, target=gen.prepared.entry,
-            draft=gen.draft.entry if gen.draft else None, prompt_text=gen.prepared.prompt_text,
-            prompt_tokens=len(gen.prompt_ids), result=result, completion_text=completion,
+        served = ServedRequest(
+            meta=gen.meta,
+            principal=gen.principal,
+            cmd=gen.command,
+            decision=gen.recorded_decision,
+            target=gen.prepared.entry,
+            draft=gen.draft.entry if gen.draft else None,
+            prompt_text=gen.prepared.prompt_text,
+            prompt_tokens=len(gen.prompt_ids),
+            result=result,
+            completion_text=completion,
             first_token_at=gen.first_token_at,
             tool_names=tuple(c.name for c in gen.tool_calls()),
             admission_id=gen.admission_id,
             reasoning_tokens=gen.reasoning_tokens() if gen.prepared.reasoning else None,
-        )  # fmt: skip
+        )
+        record = served_record(served, outcome)
         payload = None
         if gen.plan.retention_days > 0:
             payload = Payload(gen.prepared.prompt_text, completion, gen.plan.retention_days)

@@ -152,36 +152,55 @@ def name_os_thread(name: str) -> None:
             ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
 
 
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions:
+    """How the inference worker queues, batches and paces its work (the GATEWAY_QUEUE_*,
+    _MAX_*, _KV_BUDGET_TOKENS, _PREFILL_* and _FAIR_STEPS settings)."""
+
+    capacity: int
+    """Jobs that may wait in the fair queue."""
+    max_active: int
+    """Jobs running at once (batch rows of every engine included)."""
+    max_batch: int = 8
+    """Rows of one engine's continuous batch, at most."""
+    kv_budget_tokens: int | None = None
+    """KV cache tokens of one batch: its rows are capped at budget // context length;
+    None: no cap beyond ``max_batch``."""
+    prefill_chunk: int = PREFILL_CHUNK
+    prefill_budget: int = PREFILL_BUDGET
+    fair_steps: bool = True
+    """A tenant served past its share of a batch's time sits steps out (`StepPacer`)."""
+
+    def __post_init__(self) -> None:
+        if self.prefill_chunk < 1:
+            raise ValueError(f"GATEWAY_PREFILL_CHUNK must be at least 1, got {self.prefill_chunk}")
+        if self.prefill_budget < 1:
+            raise ValueError(
+                f"GATEWAY_PREFILL_BUDGET must be at least 1, got {self.prefill_budget}"
+            )
+
+
 class InferenceWorker:
     def __init__(
         self,
-        capacity: int,
-        max_active: int,
+        options: WorkerOptions,
+        *,
         name: str = "gw-inference",
         on_start: Callable[[], None] | None = None,
-        max_batch: int = 8,
-        kv_budget_tokens: int | None = None,
-        prefill_chunk: int = PREFILL_CHUNK,
-        prefill_budget: int = PREFILL_BUDGET,
-        fair_steps: bool = True,
     ) -> None:
-        """``on_start`` runs first on the thread (set torch's thread count there).
-        ``fair_steps``: a tenant served past its share sits steps out (`StepPacer`)."""
-        if prefill_chunk < 1:
-            raise ValueError(f"GATEWAY_PREFILL_CHUNK must be at least 1, got {prefill_chunk}")
-        if prefill_budget < 1:
-            raise ValueError(f"GATEWAY_PREFILL_BUDGET must be at least 1, got {prefill_budget}")
-        self.prefill_chunk = prefill_chunk
-        self.prefill_budget = prefill_budget
-        self.fair_steps = fair_steps
+        """``on_start`` runs first on the thread (set torch's thread count there)."""
+        self.options = options
+        self.prefill_chunk = options.prefill_chunk
+        self.prefill_budget = options.prefill_budget
+        self.fair_steps = options.fair_steps
         self.pacer = StepPacer()
-        self.capacity = capacity
-        self.max_active = max_active
-        self.max_batch = max_batch
-        self.kv_budget_tokens = kv_budget_tokens
+        self.capacity = options.capacity
+        self.max_active = options.max_active
+        self.max_batch = options.max_batch
+        self.kv_budget_tokens = options.kv_budget_tokens
         self._on_start = on_start
         self._inbox: queue.Queue[object] = queue.Queue()
-        self.fair = FairQueue(capacity, max_batch)
+        self.fair = FairQueue(options.capacity, options.max_batch)
         self._active = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

@@ -12,7 +12,7 @@ import pytest
 from gateway.engine import precompile
 from gateway.engine.precompile import Helper
 from gateway.serving.models import ModelPool
-from gateway.serving.worker import InferenceWorker
+from gateway.serving.worker import InferenceWorker, WorkerOptions
 from models_registry.manifest import load_manifest
 from tests.integration import tiny_models
 
@@ -30,7 +30,7 @@ async def load(tmp_path, helper: bool, rows: int = 4) -> ModelPool:  # type: ign
     manifest = load_manifest(
         models / "manifest.yaml" if models.exists() else tiny_models.build(models)
     )
-    worker = InferenceWorker(capacity=8, max_active=1)
+    worker = InferenceWorker(WorkerOptions(capacity=8, max_active=1))
     worker.start()
 
     async def runner(fn):  # type: ignore[no-untyped-def]

@@ -6,18 +6,23 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.serving.errors import GatewayError
 from gateway.serving.models import ModelPool
-from gateway.serving.worker import InferenceWorker
+from gateway.serving.worker import InferenceWorker, WorkerOptions
 from models_registry.manifest import load_manifest
 from tests.integration import tiny_models
 
 
-def started(max_active: int = 1, **kw: object) -> InferenceWorker:
-    worker = InferenceWorker(capacity=8, max_active=max_active, **kw)  # type: ignore[arg-type]
+def started(
+    max_active: int = 1, on_start: Callable[[], None] | None = None, **options: Any
+) -> InferenceWorker:
+    worker = InferenceWorker(
+        WorkerOptions(capacity=8, max_active=max_active, **options), on_start=on_start
+    )
     worker.start()
     return worker
 
@@ -92,7 +97,7 @@ async def test_a_call_is_not_starved_by_busy_slots() -> None:
 
 
 async def test_call_before_start_is_refused() -> None:
-    worker = InferenceWorker(capacity=1, max_active=1)
+    worker = InferenceWorker(WorkerOptions(capacity=1, max_active=1))
     with pytest.raises(RuntimeError, match="not running"):
         await worker.call(lambda: None)
 
@@ -241,7 +246,7 @@ async def test_the_prefill_chunk_setting_reaches_the_batch(tmp_path: Path, monke
     assert prefill_widths == [3, 3, 3, 1]  # the 10 tokens before the last, 3 at a time
     assert events[-1].result.token_ids == engine.run(req).token_ids
     with pytest.raises(ValueError, match="GATEWAY_PREFILL_CHUNK"):
-        InferenceWorker(capacity=1, max_active=1, prefill_chunk=0)
+        WorkerOptions(capacity=1, max_active=1, prefill_chunk=0)
 
 
 async def test_the_prefill_budget_setting_reaches_the_batch(tmp_path: Path, monkeypatch) -> None:
@@ -267,7 +272,7 @@ async def test_the_prefill_budget_setting_reaches_the_batch(tmp_path: Path, monk
     assert isinstance(events[-1], Finished)
     assert [(b.prefill_chunk, b.prefill_budget) for b in made] == [(3, 6)]  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="GATEWAY_PREFILL_BUDGET"):
-        InferenceWorker(capacity=1, max_active=1, prefill_budget=0)
+        WorkerOptions(capacity=1, max_active=1, prefill_budget=0)
 
 
 async def test_a_draft_is_compiled_and_probed_for_its_targets_batch_rows(
