@@ -4,6 +4,7 @@ proposer, over random models (Llama and GPT-2), prompts, k bounds and max_tokens
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from functools import cache
 
 import torch
@@ -49,8 +50,27 @@ def engine(arch: str, seed: int) -> Engine:
 prompts = st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=24).map(tuple)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
+@dataclass(frozen=True)
+class Case:
+    """One drawn case: the models, the prompt, the proposer and its k bounds."""
+
+    arch: str
+    seed: int
+    prompt: tuple[int, ...]
+    proposer: str
+    noise: float
+    """The draft model's noise (draft_model)."""
+    k_min: int
+    k_extra: int
+    max_tokens: int
+    corrupt: int
+    """Which token of the prediction text is wrong (proposer "prediction")."""
+    min_conf: float
+    head: bool
+
+
+cases = st.builds(
+    Case,
     arch=st.sampled_from(["llama", "gpt2"]),
     seed=st.integers(0, 2),
     prompt=prompts,
@@ -63,29 +83,35 @@ prompts = st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=24).map(tuple
     min_conf=st.sampled_from([0.0, 0.0, 0.3, 0.9]),
     head=st.booleans(),
 )
-def test_greedy_speculative_equals_standard(
-    arch, seed, prompt, proposer, noise, k_min, k_extra, max_tokens, corrupt, min_conf, head
-) -> None:
-    eng = engine(arch, seed)
-    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    standard = eng.run(DecodeRequest(prompt, sp))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=cases)
+def test_greedy_speculative_equals_standard(case: Case) -> None:
+    eng = engine(case.arch, case.seed)
+    sp = SamplingParams(temperature=0.0, max_tokens=case.max_tokens)
+    standard = eng.run(DecodeRequest(case.prompt, sp))
     prediction = None
-    if proposer == "prediction":  # partly right: the true output with one token replaced
+    if case.proposer == "prediction":  # partly right: the true output with one token replaced
         ids = list(standard.token_ids)
         if ids:
-            ids[corrupt % len(ids)] = (ids[corrupt % len(ids)] + 7) % VOCAB
+            wrong = case.corrupt % len(ids)
+            ids[wrong] = (ids[wrong] + 7) % VOCAB
         prediction = TOKENIZER.decode(ids, skip_special_tokens=True) or "x"
+    k_min, k_max = case.k_min, case.k_min + case.k_extra
     req = DecodeRequest(
-        prompt,
+        case.prompt,
         sp,
         mode="speculative",
-        proposer=proposer,
+        proposer=case.proposer,  # type: ignore[arg-type]
         k_min=k_min,
-        k_max=k_min + k_extra,
+        k_max=k_max,
         prediction=prediction,
-        min_draft_confidence=min_conf,
+        min_draft_confidence=case.min_conf,
     )
-    draft = draft_model(arch, seed, noise, head) if proposer == "draft" else None
+    draft = None
+    if case.proposer == "draft":
+        draft = draft_model(case.arch, case.seed, case.noise, case.head)
     spec = eng.run(req, draft=draft)
     assert spec.token_ids == standard.token_ids
     assert spec.text == standard.text
@@ -93,8 +119,8 @@ def test_greedy_speculative_equals_standard(
     s = spec.stats
     assert s.rejected == s.drafted - s.accepted
     assert sum(s.accepted_per_pos) == s.accepted
-    assert all(k_min <= k <= k_min + k_extra or k < k_min for k in s.k_history)
-    if proposer == "draft" and noise == 0.0 and not head:
+    assert all(k_min <= k <= k_max or k < k_min for k in s.k_history)
+    if case.proposer == "draft" and case.noise == 0.0 and not case.head:
         assert s.accepted == s.drafted  # the target drafting for itself is always right
 
 
