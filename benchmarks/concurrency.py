@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,34 +96,43 @@ def _stream(
     }
 
 
-def _level(
-    url: str, key: str, prompts: list[str], clients: int, per_client: int,
-    decoding: dict[str, Any], alone: dict[str, str], keepalive: bool = True,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    runs, wall = _runs(url, key, prompts, clients, per_client, decoding, keepalive, extra=extra)
-    return _summary([(runs, wall)], alone)
+@dataclass(frozen=True, kw_only=True)
+class Clients:
+    """`count` clients streaming `per_client` requests each to `url` with `key`, the prompts
+    dealt from `offset`; `keepalive`: reuse each client's connection; `extra`: more body
+    fields (a peer server's own options)."""
+
+    url: str
+    key: str
+    count: int
+    per_client: int
+    decoding: dict[str, Any]
+    keepalive: bool = True
+    offset: int = 0
+    extra: dict[str, Any] | None = None
 
 
-def _runs(
-    url: str, key: str, prompts: list[str], clients: int, per_client: int,
-    decoding: dict[str, Any], keepalive: bool = True, offset: int = 0,
-    extra: dict[str, Any] | None = None,
-) -> tuple[list[dict[str, Any]], float]:  # fmt: skip
-    """`clients` clients streaming `per_client` requests each (prompts dealt from `offset`);
-    every request's record and the wall seconds of the whole."""
+def _level(clients: Clients, prompts: list[str], alone: dict[str, str]) -> dict[str, Any]:
+    return _summary([_runs(clients, prompts)], alone)
+
+
+def _runs(clients: Clients, prompts: list[str]) -> tuple[list[dict[str, Any]], float]:
+    """Every request's record and the wall seconds of the whole."""
     work = [
-        [prompts[(offset + c * per_client + i) % len(prompts)] for i in range(per_client)]
-        for c in range(clients)
+        [
+            prompts[(clients.offset + i * clients.per_client + j) % len(prompts)]
+            for j in range(clients.per_client)
+        ]
+        for i in range(clients.count)
     ]
 
     def client_run(mine: list[str]) -> list[dict[str, Any]]:
-        limits = httpx.Limits(max_keepalive_connections=None if keepalive else 0)
-        with httpx.Client(base_url=url, timeout=600, limits=limits) as client:
-            return [_stream(client, key, p, decoding, extra) for p in mine]
+        limits = httpx.Limits(max_keepalive_connections=None if clients.keepalive else 0)
+        with httpx.Client(base_url=clients.url, timeout=600, limits=limits) as client:
+            return [_stream(client, clients.key, p, clients.decoding, clients.extra) for p in mine]
 
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
+    with ThreadPoolExecutor(clients.count) as pool:
         runs = [r for rs in pool.map(client_run, work) for r in rs]
     return runs, time.perf_counter() - t0
 
@@ -278,9 +288,15 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             for rnd in range(1 if quick else ROUNDS):
                 order = list(MODES) if rnd % 2 == 0 else list(reversed(MODES))
                 for name in order:
-                    pooled[name].append(
-                        _runs(url, key, prompts, n, per_client, MODES[name], offset=rnd)
+                    clients_n = Clients(
+                        url=url,
+                        key=key,
+                        count=n,
+                        per_client=per_client,
+                        decoding=MODES[name],
+                        offset=rnd,
                     )
+                    pooled[name].append(_runs(clients_n, prompts))
             for name in MODES:
                 results[name][str(n)] = level = _summary(pooled[name], alone)
                 print(f"   {name:11} {n:2} clients: {level}", flush=True)

@@ -49,7 +49,15 @@ from typing import Any
 import httpx
 
 from benchmarks import _llamacpp
-from benchmarks.concurrency import MIN_REQUESTS, MODES, _level, _prompts, _stream, batch_gateway
+from benchmarks.concurrency import (
+    MIN_REQUESTS,
+    MODES,
+    Clients,
+    _level,
+    _prompts,
+    _stream,
+    batch_gateway,
+)
 
 CLIENTS = (1, 8)
 COMPILE_CACHE = _llamacpp.ROOT / "var" / "bench-compile-cache"  # shared by the runs
@@ -96,14 +104,23 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             for (mode, decoding), n, side in itertools.product(MODES.items(), CLIENTS, order):
                 if side in gateways:
                     url, key, _ = gateways[side]
-                    result = _level(url, key, prompts, n, per_client(n), decoding, alone)
+                    ours = Clients(
+                        url=url, key=key, count=n, per_client=per_client(n), decoding=decoding
+                    )
+                    result = _level(ours, prompts, alone)
                 elif mode in peers:
                     # a fresh connection per request: llama-server may close a kept-alive
                     # one after a stream, and the next request on it fails
-                    result = _level(
-                        peers[mode], "none", prompts, n, per_client(n), {}, alone,
-                        keepalive=False, extra=PEER_CACHE[side],
-                    )  # fmt: skip
+                    peer = Clients(
+                        url=peers[mode],
+                        key="none",
+                        count=n,
+                        per_client=per_client(n),
+                        decoding={},
+                        keepalive=False,
+                        extra=PEER_CACHE[side],
+                    )
+                    result = _level(peer, prompts, alone)
                 else:
                     continue  # llama-server has no auto mode
                 got[side][r][f"{mode}_{n}"] = result

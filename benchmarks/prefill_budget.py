@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import _llamacpp
-from benchmarks.concurrency import MODES, _prompts, _runs, _summary, batch_gateway
+from benchmarks.concurrency import MODES, Clients, _prompts, _runs, _summary, batch_gateway
 
 BUDGETS = (128, 512)
 LEVELS = (("standard", 8), ("auto", 8), ("standard", 1))
@@ -41,7 +41,15 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
                 alone = alone or texts
                 for mode, n in LEVELS:
                     per_client = 1 if quick else max(2, 8 // n)
-                    got = _runs(url, key, prompts, n, per_client, MODES[mode], offset=r)
+                    clients = Clients(
+                        url=url,
+                        key=key,
+                        count=n,
+                        per_client=per_client,
+                        decoding=MODES[mode],
+                        offset=r,
+                    )
+                    got = _runs(clients, prompts)
                     pooled[budget][f"{mode}_{n}"].append(got)
                     print(f"   round {r + 1} budget {budget} {mode} {n}: {_rate(*got)}", flush=True)
     levels = {

@@ -161,7 +161,11 @@ def _snapshot(pid: int, path: Path) -> dict[str, Any]:
 
 def _over_http(requests_per_case: int, root: Path = ROOT) -> dict[str, Any]:
     from benchmarks import _phases
-    from benchmarks.concurrency import _runs, warm_gateway  # this checkout's, in the driver
+    from benchmarks.concurrency import (  # this checkout's, in the driver
+        Clients,
+        _runs,
+        warm_gateway,
+    )
 
     prompts = _prompts()
     out: dict[str, Any] = {}
@@ -174,7 +178,10 @@ def _over_http(requests_per_case: int, root: Path = ROOT) -> dict[str, Any]:
             for mode, clients in CASES:
                 per_client = max(1, requests_per_case // clients)
                 before = _snapshot(gw.pid, dump)
-                runs, wall = _runs(gw.url, key, prompts, clients, per_client, MODES[mode])
+                load = Clients(
+                    url=gw.url, key=key, count=clients, per_client=per_client, decoding=MODES[mode]
+                )
+                runs, wall = _runs(load, prompts)
                 phases = _phases.difference(_snapshot(gw.pid, dump), before)
                 out[f"{mode}_{clients}"] = _summary(phases, wall, sum(r["tokens"] for r in runs))
     return out
