@@ -1,12 +1,14 @@
 """The llama.cpp backend's tests: the engine's tiny random models (../conftest.py) written as
-f32 GGUF files (tiny_gguf.py) and loaded through gateway.engine.backends.llamacpp.
+f32 GGUF files (models_registry/gguf.py) and loaded through gateway.engine.backends.llamacpp.
 
 They need the `llamacpp` extra (llama-cpp-python, built from its sdist by pip: CMake and a
-C++ compiler; and gguf); without it every test module here is skipped, saying so
-(`needs_llama_cpp`, called first in each)."""
+C++ compiler; and gguf), which `make test` installs. Without it every test module here is
+skipped, saying so, or under CI=true fails (`needs_llama_cpp`, called first in each)."""
 
 from __future__ import annotations
 
+import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +16,20 @@ import pytest
 
 from gateway.engine import LoadedModel
 
+INSTALL = "`make test` installs it, or `.venv/bin/pip install -e '.[llamacpp]'`"
+
 
 def needs_llama_cpp() -> None:
-    """Skip the calling test module unless llama_cpp and gguf import."""
-    pytest.importorskip(
-        "llama_cpp",
-        reason="llama-cpp-python is not installed: `.venv/bin/pip install -e '.[llamacpp]'` "
-        "builds it from its sdist (CMake, a C++ compiler)",
-    )
-    pytest.importorskip("gguf", reason="gguf is not installed (the llamacpp extra)")
+    """Skip the calling test module unless llama_cpp and gguf import; under CI=true a
+    missing one fails it instead (make test installs them: the Makefile's llamacpp target)."""
+    for module, package in (("llama_cpp", "llama-cpp-python"), ("gguf", "gguf")):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            why = f"{package} is not installed ({exc}): {INSTALL}"
+            if os.environ.get("CI") == "true":
+                pytest.fail(why)
+            pytest.skip(why, allow_module_level=True)
 
 
 def _load(path: Path, tokenizer: Path, **kwargs: Any) -> LoadedModel:
@@ -35,10 +42,10 @@ def _load(path: Path, tokenizer: Path, **kwargs: Any) -> LoadedModel:
 def gguf_files(
     model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Path]:
-    from .tiny_gguf import write_llama_gguf
+    from models_registry.gguf import write_llama
 
     root = tmp_path_factory.mktemp("gguf")
-    return {n: write_llama_gguf(model_dirs[n], root / f"{n}.gguf") for n in ("llama", "draft")}
+    return {n: write_llama(model_dirs[n], root / f"{n}.gguf") for n in ("llama", "draft")}
 
 
 @pytest.fixture(scope="session")

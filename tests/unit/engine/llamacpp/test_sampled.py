@@ -24,9 +24,9 @@ from gateway.engine.backends.llamacpp import load_gguf
 from gateway.engine.batch.forward import batched_forward
 from gateway.engine.schema import Finished
 from gateway.engine.verifier import Verdict, verify_sampled
+from models_registry.gguf import write_llama
 
 from ..conftest import build_tokenizer, llama, save
-from .tiny_gguf import write_llama_gguf
 
 PROMPT = (10, 20, 30, 40, 50)
 TOP_K, SAMPLES, ROWS = 6, 3000, 6
@@ -51,7 +51,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, LoadedM
     lms = []
     for name, model in (("target", target), ("draft", draft)):
         d = save(model, tok, root / name)
-        lms.append(load_gguf(write_llama_gguf(d, root / f"{name}.gguf"), d, threads=1))
+        lms.append(load_gguf(write_llama(d, root / f"{name}.gguf"), d, threads=1))
     return lms[0], lms[1]
 
 
