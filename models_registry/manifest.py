@@ -30,7 +30,7 @@ _REQUIRED = ("name", "version", "role", "path", "sha256")
 _OPTIONAL_STR = ("architecture", "tokenizer", "dtype", "trained_on", "target")
 _OPTIONAL_INT = ("parameters", "layers", "hidden")
 TOOL_FORMATS: tuple[str, ...] = (
-    "hermes", "llama3_json", "mistral", "mistral_v11", "granite", "pythonic",
+    "hermes", "llama3_json", "mistral", "mistral_v11", "granite", "pythonic", "harmony",
 )  # fmt: skip
 """The tool-call syntaxes a target may be declared to speak (``tool_format``; the engine's
 gateway/engine/constraints/tool_formats.py defines them). Unset: read off the chat template."""

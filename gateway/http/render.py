@@ -9,7 +9,6 @@ from typing import Any
 
 from gateway.engine import DecodeResult, TokenLogprob
 from gateway.serving.generation import Generation
-from gateway.serving.reasoning import ReasoningReader
 from gateway.serving.reasoning import split as split_reasoning
 from gateway.serving.tool_output import Event, ParsedCall, ToolCallReader, format_of, read_calls
 
@@ -158,9 +157,7 @@ class ChunkWriter:
         fmt = format_of(gen.prepared.schema)
         self.readers = [ToolCallReader(fmt) for _ in range(n)] if gen.calls_tools else None
         thinks = gen.prepared.reasoning
-        self.thinking = (
-            [ReasoningReader(inside=thinks.inside) for _ in range(n)] if thinks else None
-        )
+        self.thinking = [thinks.reader() for _ in range(n)] if thinks else None
         self.held: list[list[TokenLogprob]] = [[] for _ in range(n)]
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

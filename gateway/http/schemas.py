@@ -108,6 +108,13 @@ class Message(msgspec.Struct, **STRICT):
     ) = None
     refusal: Annotated[None, Meta(description="Accepted as null only.")] = None
     function_call: Annotated[None, Meta(description="Deprecated; null only.")] = None
+    reasoning_content: (
+        Annotated[
+            Text,
+            Meta(description="Assistant messages: their thinking, as a response returned it."),
+        ]
+        | None
+    ) = None
 
 
 class FunctionDef(msgspec.Struct, **STRICT):

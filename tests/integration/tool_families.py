@@ -4,6 +4,10 @@ the tool results are rendered), and a manifest serving the tiny pair once per fa
 Mistral's two templates are here: v0.3's ``[TOOL_CALLS] [{...}]`` with call ids, and the
 tokenizer-v11 one (Mistral Small 3.2, Magistral, Devstral): ``[TOOL_CALLS]f[ARGS]{...}``
 per call, results in ``[TOOL_RESULTS]…[/TOOL_RESULTS]``.
+gpt-oss's (harmony) renders a call as a commentary message to ``functions.f`` (with the
+thinking before it, sent back as ``reasoning_content``, as an analysis message) and its
+result as a message from ``functions.f``; its model thinks first, so the tenants of the
+families' gateway cap the thinking (`cap_thinking`).
 
 The templates follow their family in what the gateway depends on: the call syntax the
 model is taught (which `detect_format` reads), the roles that carry tool results (Llama's
@@ -17,6 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
+import httpx
 import yaml
 
 from tests.integration import tiny_models
@@ -184,6 +189,49 @@ Here is a list of functions in JSON format that you can invoke.
 
 {% endif %}"""
 
+GPT_OSS = """{#- gpt-oss (harmony): channels analysis, commentary, final #}
+{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n' }}
+{{- 'Knowledge cutoff: 2024-06\n\nReasoning: medium\n\n' }}
+{{- '# Valid channels: analysis, commentary, final. Channel must be included for every message.' }}
+{%- if tools %}{{ '\\n' }}Calls to these tools must go to the commentary channel: \
+'functions'.{% endif %}
+{{- '<|end|>' }}
+{%- if tools or messages[0].role == 'system' %}<|start|>developer<|message|>
+{%- if messages[0].role == 'system' %}# Instructions
+
+{{ messages[0].content }}
+
+{% endif %}
+{%- if tools %}# Tools
+
+## functions
+
+namespace functions {
+
+{% for t in tools %}{% set f = t.function if t.function is defined else t %}\
+{% if f.description %}// {{ f.description }}
+{% endif %}type {{ f.name }} = (_: {{ f.parameters | tojson }}) => any;
+
+{% endfor %}} // namespace functions{% endif %}<|end|>
+{%- endif %}
+{%- set last = namespace(name='') %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<|start|>user<|message|>{{ m.content }}<|end|>
+{%- elif m.role == 'assistant' and m.tool_calls %}
+{%- set c = m.tool_calls[0].function %}
+{%- if m.reasoning_content %}<|start|>assistant<|channel|>analysis<|message|>\
+{{ m.reasoning_content }}<|end|>{% endif %}
+{{- '<|start|>assistant to=functions.' + c.name + '<|channel|>commentary json<|message|>' }}
+{{- c.arguments | tojson }}<|call|>
+{%- set last.name = c.name %}
+{%- elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>\
+{{ m.content }}<|end|>
+{%- elif m.role == 'tool' %}<|start|>functions.{{ last.name }} to=assistant\
+<|channel|>commentary<|message|>{{ m.content | tojson }}<|end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}"""
+
 TEMPLATES = {
     "hermes": QWEN,
     "llama3_json": LLAMA3,
@@ -191,16 +239,36 @@ TEMPLATES = {
     "mistral_v11": MISTRAL_V11,
     "granite": GRANITE,
     "pythonic": PYTHONIC,
+    "harmony": GPT_OSS,
 }
 """Each family's template, by the format it teaches."""
-TAGS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "<|tool_call|>", "[ARGS]")
-"""The families' opening markers, added as whole tokens as their tokenizers have them."""
+HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
+           "<|call|>")  # fmt: skip
+"""gpt-oss's harmony markers (special tokens in its tokenizer; ``<|return|>`` and
+``<|call|>`` end its outputs)."""
+TAGS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "<|tool_call|>", "[ARGS]", *HARMONY)
+"""The families' markers, added as whole tokens as their tokenizers have them."""
 SPECIAL_TAGS = TAGS[1:]
 """The markers that are special tokens in their families' tokenizers (Qwen's <tool_call> is
 an ordinary added token): decoded output text does not show them."""
 DECLARED = "tiny-declared"
 """A target whose template is the demo's ChatML (Hermes) but whose manifest declares
 ``tool_format: mistral``."""
+
+
+THINKING_CAP = 6
+"""The thinking tokens a tenant of the families' gateway may spend (`cap_thinking`): the
+tiny random model would not end an analysis message on its own."""
+
+
+def cap_thinking(url: str, tenant: str) -> None:
+    """Cap ``tenant``'s thinking at `THINKING_CAP` tokens (its policy's reasoning.max_tokens),
+    so that gpt-oss's analysis ends and its answer or call follows."""
+    from tests.integration.service.harness import ADMIN  # the service tests' admin key
+
+    doc = {"reasoning": {"max_tokens": THINKING_CAP}}
+    r = httpx.put(f"{url}/admin/policies/tenants/{tenant}", json=doc, headers=ADMIN)
+    assert r.status_code == 200, r.text
 
 
 def target(family: str) -> str:
@@ -215,6 +283,18 @@ def _mark_special(path: Path) -> None:
         if token["content"] in SPECIAL_TAGS:
             token.update(special=True, normalized=False)
     path.write_text(json.dumps(data))
+
+
+def end_harmony_outputs(path: Path) -> None:
+    """Make ``<|return|>`` and ``<|call|>`` end the outputs of the model saved at ``path``,
+    as gpt-oss's generation config does."""
+    tokenizer = json.loads((path / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    config_path = path / "generation_config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    first = config.get("eos_token_id", 0)
+    config["eos_token_id"] = [first, ids["<|return|>"], ids["<|call|>"]]
+    config_path.write_text(json.dumps(config))
 
 
 def build(root: Path) -> Path:
@@ -234,6 +314,8 @@ def build(root: Path) -> Path:
             path = root / f"{name}-{role}"
             shutil.copytree(base.parent / source["path"], path)
             (path / "chat_template.jinja").write_text(template)
+            if template is GPT_OSS:
+                end_harmony_outputs(path)
             entry = {**source, "name": f"{name}-{role}" if role == "draft" else name}
             entry.update(version="1", path=path.name)
             if role == "draft":

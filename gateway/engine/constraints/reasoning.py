@@ -18,11 +18,15 @@ they are in those models' tokenizers):
 Every consumed token is logged with the phase it was consumed in, so `rollback(n)` restores
 the phase, the thinking count and the inner grammar (rolled back by the tokens it consumed)
 exactly: speculation stays exact (the draft and the target are masked alike).
+
+gpt-oss thinks in harmony channels instead: an analysis message, then the answer in a
+message of its own. `ChannelsFirst` is the same idea over that frame (its docstring).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -118,3 +122,162 @@ def _only(vocab_size: int, ids: list[int]) -> torch.Tensor:
     mask = torch.zeros(vocab_size, dtype=torch.bool)
     mask[torch.tensor([i for i in ids if i < vocab_size], dtype=torch.long)] = True
     return mask
+
+
+# -- harmony channels (gpt-oss) ---------------------------------------------------------------
+
+OPENING, FORCED = "opening", "forced"
+
+
+@dataclass(frozen=True)
+class Channels:
+    """gpt-oss's harmony frame as token ids: the thinking is the analysis message
+    ``<|channel|>analysis<|message|>…<|end|>``; the answer follows ``<|start|>assistant``.
+
+    ``final``: the header of the answer's message (``<|channel|>final<|message|>``), written
+    before an answer grammar that does not write its own (a response_format's); an inner
+    grammar whose first token may be ``<|channel|>`` (the tool calls' own commentary header)
+    writes its header itself."""
+
+    analysis: tuple[int, ...]
+    end: int
+    start: tuple[int, ...]  # <|start|>assistant
+    final: tuple[int, ...]  # <|channel|>final<|message|>
+    channel: int  # <|channel|>
+
+
+class ChannelsFirst:
+    """A Grammar: an optional analysis message, free text up to its ``<|end|>`` (at most
+    ``budget`` tokens), then ``inner`` in its own message.
+
+    Phases: opening (the first tokens, either the analysis header or the answer's start:
+    both may begin with ``<|channel|>``, so they are told apart token by token), think,
+    forced (a fixed run of tokens: ``<|start|>assistant`` and the answer's header after the
+    thinking, or the rest of the answer's header) and answer. The opening's tokens reach
+    ``inner`` only once they turn out to be the answer's (its mask meanwhile is read with
+    them consumed and rolled back). Each consumed token logs the state before it and how
+    many tokens it handed to ``inner``, so `rollback` restores both exactly (speculation
+    stays exact: the draft and the target are masked alike)."""
+
+    def __init__(
+        self, inner: Grammar | None, channels: Channels, budget: int | None = None
+    ) -> None:
+        self.inner = inner
+        self.c = channels
+        self.budget = budget
+        own_header = inner is not None and bool(
+            inner.allowed_mask(channels.channel + 1)[channels.channel]
+        )
+        # the answer's header before the inner grammar: none where it writes its own
+        self.prefix: tuple[int, ...] = () if inner is None or own_header else channels.final
+        self.after = () if inner is None else channels.start + self.prefix
+        self.phase = OPENING
+        self.opened: list[int] = []  # the opening's tokens
+        self.analysis_live = True  # the opening still fits the analysis header
+        self.answer_live = True  # ... still fits the answer
+        self.forced: tuple[int, ...] = ()  # the forced phase's tokens
+        self.pos = 0  # of which this many are written
+        self.thought = 0
+        self._log: list[tuple[Any, ...]] = []  # per token: the state before it, tokens fed
+
+    def allowed_mask(self, vocab_size: int) -> torch.Tensor:
+        c = self.c
+        if self.phase == THINK:
+            if self.budget is not None and self.thought >= self.budget:
+                return _only(vocab_size, [c.end])
+            return torch.ones(vocab_size, dtype=torch.bool)
+        if self.phase == FORCED:
+            return _only(vocab_size, [self.forced[self.pos]])
+        if self.phase == ANSWER:
+            return self._inner_mask(vocab_size)
+        n = len(self.opened)
+        mask = self._answer_mask(vocab_size) if self.answer_live else _only(vocab_size, [])
+        if self.analysis_live and c.analysis[n] < vocab_size:
+            mask[c.analysis[n]] = True
+        return mask
+
+    def _answer_mask(self, vocab_size: int) -> torch.Tensor:
+        """What may follow the opening's tokens as the start of the answer."""
+        n = len(self.opened)
+        if n < len(self.prefix):
+            return _only(vocab_size, [self.prefix[n]])
+        if self.inner is None:
+            return torch.ones(vocab_size, dtype=torch.bool)
+        extra = self.opened[len(self.prefix) :]
+        for t in extra:
+            self.inner.consume(t)
+        try:
+            return self._inner_mask(vocab_size)
+        finally:
+            if extra:
+                self.inner.rollback(len(extra))
+
+    def _inner_mask(self, vocab_size: int) -> torch.Tensor:
+        if self.inner is None:
+            return torch.ones(vocab_size, dtype=torch.bool)
+        return self.inner.allowed_mask(vocab_size).to(dtype=torch.bool).clone()
+
+    def consume(self, token_id: int) -> None:
+        state = (
+            self.phase, len(self.opened), self.analysis_live, self.answer_live, self.forced,
+            self.pos, self.thought,
+        )  # fmt: skip
+        fed = 0
+        if self.phase == THINK:
+            if token_id == self.c.end:
+                self._force(self.after, 0)
+            else:
+                self.thought += 1
+        elif self.phase == FORCED:
+            self._force(self.forced, self.pos + 1)
+        elif self.phase == ANSWER:
+            fed = self._feed([token_id])
+        else:
+            fed = self._opening(token_id)
+        self._log.append((*state, fed))
+
+    def _opening(self, token_id: int) -> int:
+        c, n = self.c, len(self.opened)
+        fits_analysis = self.analysis_live and c.analysis[n] == token_id
+        fits_answer = self.answer_live and bool(self._answer_mask(token_id + 1)[token_id])
+        self.opened.append(token_id)
+        self.analysis_live, self.answer_live = fits_analysis, fits_answer
+        if fits_analysis and n + 1 == len(c.analysis):
+            self.phase = THINK
+        elif not fits_analysis:  # the answer, without thinking
+            if n + 1 < len(self.prefix):
+                self._force(self.prefix, n + 1)
+            else:
+                self.phase = ANSWER
+                return self._feed(self.opened[len(self.prefix) :])
+        return 0
+
+    def _force(self, tokens: tuple[int, ...], pos: int) -> None:
+        self.forced, self.pos = tokens, pos
+        self.phase = FORCED if pos < len(tokens) else ANSWER
+
+    def _feed(self, tokens: list[int]) -> int:
+        if self.inner is None:
+            return 0
+        for t in tokens:
+            self.inner.consume(t)
+        return len(tokens)
+
+    def rollback(self, n: int) -> None:
+        if n < 0 or n > len(self._log):
+            raise ValueError(f"cannot roll back {n} of {len(self._log)} tokens")
+        if n == 0:
+            return
+        undone = self._log[-n:]
+        del self._log[-n:]
+        fed = sum(entry[-1] for entry in undone)
+        if fed and self.inner is not None:
+            self.inner.rollback(fed)
+        (self.phase, opened, self.analysis_live, self.answer_live, self.forced, self.pos,
+         self.thought, _) = undone[0]  # fmt: skip
+        del self.opened[opened:]
+
+    def is_complete(self) -> bool:
+        if self.phase != ANSWER:
+            return self.phase == OPENING and self.inner is None
+        return self.inner is None or self.inner.is_complete()

@@ -20,7 +20,9 @@ cannot stall in whitespace). Two grammars:
   the call is forced to a tool's name and its schema (a lazy trigger); formats whose calls
   start the output (Llama 3 JSON, pythonic) forbid text that starts like a call, so a first
   ``{`` (or ``<|python_tag|>``) or ``[`` is a call. After the calls only more calls
-  (``parallel``) or the format's end follow.
+  (``parallel``) or the format's end follow. gpt-oss (harmony) answers in a message of its
+  own: auto mode is that message (``<|channel|>final<|message|>`` and free text) or a call;
+  its one call ends the output.
 """
 
 from __future__ import annotations
@@ -123,11 +125,14 @@ def grammar_text(
         return _literal(text, fmt, ids)
 
     lines = ["%llguidance {}"]
-    more = f" ({lit(fmt.separator)} call)*" if parallel else ""
+    more = f" ({lit(fmt.separator)} call)*" if parallel and fmt.parallel else ""
     tail = f"{more} {lit(fmt.end)}".rstrip()
     opening = f"{lit(fmt.opening)} {lit(fmt.call_open)}".strip()
     if mode == "required":
         lines.append(f"start: {opening} body{tail}".replace("start:  ", "start: "))
+    elif fmt.answer_header:  # the answer is a message of its own, or the calls are
+        lines.append(f"start: {lit(fmt.answer_header)} TEXT | {opening} body{tail}")
+        lines.append("TEXT: /(?s:.*)/")
     elif not fmt.anywhere:  # calls only start the output, optionally after the prefix
         prefix = f"({lit(fmt.prefix)})? " if fmt.prefix else ""
         lines.append(f"start: TEXT | {prefix}{opening} body{tail}".replace("|  ", "| "))

@@ -16,6 +16,9 @@ mistral         ``[TOOL_CALLS][{"name":"f","arguments":{...}}, ...]`` (a space m
 mistral_v11     ``[TOOL_CALLS]f[ARGS]{...}`` per call, the calls written one after another
                 (Mistral's tokenizer v11 and later: Mistral Small 3.2, Magistral, Devstral)
 granite         ``<|tool_call|>[{"name":"f","arguments":{...}}, ...]`` (Granite 3.x)
+harmony         ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}``, one
+                call per output (it ends at ``<|call|>``), a message of its own after the
+                thinking; in auto mode the answer is ``<|channel|>final<|message|>…`` (gpt-oss)
 pythonic        ``[f(city="Paris", days=3), g()]`` at the start of the output, arguments
                 as Python literals (Llama 4, Llama 3.2 pythonic, ToolACE, ...)
 ==============  ===========================================================================
@@ -76,6 +79,12 @@ class ToolFormat:
     args_tag: str = ""
     """Written between a call's name and its arguments (Mistral v11's ``[ARGS]``): the call
     is ``name`` + this + the arguments object, with no wrapper around them."""
+    tokens: tuple[str, ...] = ()
+    """Further markers of the format's text that tokenizers hold as single tokens."""
+    parallel: bool = True
+    """Several calls may follow one another in one output (harmony's call ends the output)."""
+    answer_header: str = ""
+    """In auto mode, the answer's text is a message of its own, after this header."""
     shown_markers: bool = False
     """Its markers, where they are special tokens, are written back into the output's text
     for reading it: without them the text (``f{...}``) would not tell a call from answer
@@ -89,7 +98,7 @@ class ToolFormat:
     @property
     def markers(self) -> tuple[str, ...]:
         """The format's markers a tokenizer may hold as single tokens."""
-        return tuple(m for m in (self.tag, self.args_tag) if m)
+        return tuple(dict.fromkeys(m for m in (self.tag, self.args_tag, *self.tokens) if m))
 
     def head(self, name: str) -> str:
         """A call's text from its start up to its arguments."""
@@ -136,14 +145,20 @@ MISTRAL_V11: Final = ToolFormat(
     "mistral_v11", "", "[TOOL_CALLS]", "", "", "", "[TOOL_CALLS]", True, "", id_length=9,
     args_tag="[ARGS]", shown_markers=True,
 )  # fmt: skip
+HARMONY: Final = ToolFormat(
+    "harmony", "", "<|channel|>commentary to=functions.", "", "", "", "<|channel|>", True, "",
+    args_tag=" <|constrain|>json<|message|>", tokens=("<|constrain|>", "<|message|>"),
+    parallel=False, answer_header="<|channel|>final<|message|>", shown_markers=True,
+)  # fmt: skip
 GRANITE: Final = ToolFormat("granite", "<|tool_call|>[", "", "}", ", ", "]", "<|tool_call|>", True)
 PYTHONIC: Final = ToolFormat("pythonic", "[", "", ")", ", ", "]", None, False, "")
 FORMATS: Final[dict[str, ToolFormat]] = {
-    f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, MISTRAL_V11, GRANITE, PYTHONIC)
+    f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, MISTRAL_V11, GRANITE, PYTHONIC, HARMONY)
 }
 
 # What each family's published template says, most specific first.
 _SIGNS: Final = (
+    (HARMONY, re.compile(r"<\|channel\|>commentary|to=functions\.")),
     (MISTRAL_V11, re.compile(r"\[TOOL_CALLS\].{0,80}\[ARGS\]", re.DOTALL)),
     (MISTRAL, re.compile(r"\[TOOL_CALLS\]")),
     (GRANITE, re.compile(r"<\|tool_call\|>")),
@@ -265,6 +280,7 @@ def python_arguments(rule: str, schema: dict[str, Any]) -> tuple[str, list[str]]
 __all__ = [
     "FORMATS",
     "GRANITE",
+    "HARMONY",
     "HERMES",
     "LLAMA3_JSON",
     "MISTRAL",

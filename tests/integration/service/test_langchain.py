@@ -38,7 +38,9 @@ FAMILIES = list(tool_families.TEMPLATES)
 @pytest.fixture(scope="module")
 def server(tool_families_gateway: tuple[str, Path]) -> tuple[str, str]:
     url, _ = tool_families_gateway  # shared with test_tool_formats_api.py (conftest.py)
-    return url, tenant_key(url, "langchain")
+    key = tenant_key(url, "langchain")
+    tool_families.cap_thinking(url, "langchain")  # gpt-oss's analysis ends
+    return url, key
 
 
 def _chat(server: tuple[str, str], family: str) -> Any:

@@ -85,6 +85,9 @@ CALLS = {
     ),
     "pythonic": ("[add(a=3)]", 'city(n="Paris", hot=True)'),
 }
+LISTS = [f for f in FORMATS if FORMATS[f].parallel]
+"""The formats whose outputs may hold several calls (all but harmony, whose one call ends
+its output: tests/unit/serving/test_harmony.py)."""
 
 
 def two_calls(fmt: str) -> str:
@@ -148,7 +151,7 @@ def test_the_manifest_names_a_format_or_is_refused(tmp_path: Path) -> None:
         format_named("xml")
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", LISTS)
 def test_required_forces_calls_in_the_format(tok: Any, fmt: str) -> None:
     one, both = CALLS[fmt][0], two_calls(fmt)
     assert _accepts(tok, fmt, "required", one) == (True, True)
@@ -162,7 +165,7 @@ def test_required_forces_calls_in_the_format(tok: Any, fmt: str) -> None:
         assert _accepts(tok, fmt, "required", CALLS["hermes"][0])[0] is False
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", LISTS)
 def test_auto_allows_text_and_triggers_on_the_formats_opening(tok: Any, fmt: str) -> None:
     one, both = CALLS[fmt][0], two_calls(fmt)
     assert _accepts(tok, fmt, "auto", "def add(a, b): no call here") == (True, True)
@@ -253,7 +256,7 @@ def test_a_special_tag_is_read_from_what_follows_it(fmt: str) -> None:
         check_calls(text, SCHEMAS, hidden)
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", LISTS)
 def test_one_reader_per_format_streamed_in_any_pieces_equals_whole(fmt: str) -> None:
     f = FORMATS[fmt]
     text = ("I will check. " if f.anywhere else "") + two_calls(fmt)
