@@ -66,8 +66,9 @@ def _messages(messages: list[Message]) -> tuple[dict[str, Any], ...]:
             raise invalid(f"unknown role '{m.role}'", f"{at}.role")
         role = "system" if m.role == "developer" else m.role
         message: dict[str, Any] = {"role": role, "content": _text(m.content, f"{at}.content")}
-        if m.reasoning_content is not None and role == "assistant":  # templates may render it
-            message["reasoning_content"] = _text(m.reasoning_content, f"{at}.reasoning_content")
+        if m.reasoning_content is not None and role == "assistant":  # as Qwen3's templates
+            thought = _text(m.reasoning_content, f"{at}.reasoning_content")  # and gpt-oss's
+            message["reasoning_content"] = message["thinking"] = thought  # name it
         if m.tool_calls is not None and role != "assistant":
             raise invalid("only assistant messages carry tool_calls", f"{at}.tool_calls")
         if (m.tool_call_id is not None) != (role == "tool"):

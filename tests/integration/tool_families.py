@@ -5,7 +5,8 @@ Mistral's two templates are here: v0.3's ``[TOOL_CALLS] [{...}]`` with call ids,
 tokenizer-v11 one (Mistral Small 3.2, Magistral, Devstral): ``[TOOL_CALLS]f[ARGS]{...}``
 per call, results in ``[TOOL_RESULTS]…[/TOOL_RESULTS]``.
 gpt-oss's (harmony) renders a call as a commentary message to ``functions.f`` (with the
-thinking before it, sent back as ``reasoning_content``, as an analysis message) and its
+thinking before it, sent back as ``reasoning_content``, which its template reads as
+``thinking``, as an analysis message) and its
 result as a message from ``functions.f``; its model thinks first, so the tenants of the
 families' gateway cap the thinking (`cap_thinking`).
 
@@ -219,8 +220,8 @@ namespace functions {
 {%- if m.role == 'user' %}<|start|>user<|message|>{{ m.content }}<|end|>
 {%- elif m.role == 'assistant' and m.tool_calls %}
 {%- set c = m.tool_calls[0].function %}
-{%- if m.reasoning_content %}<|start|>assistant<|channel|>analysis<|message|>\
-{{ m.reasoning_content }}<|end|>{% endif %}
+{%- if m.thinking %}<|start|>assistant<|channel|>analysis<|message|>\
+{{ m.thinking }}<|end|>{% endif %}
 {{- '<|start|>assistant to=functions.' + c.name + '<|channel|>commentary json<|message|>' }}
 {{- c.arguments | tojson }}<|call|>
 {%- set last.name = c.name %}

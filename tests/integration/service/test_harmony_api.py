@@ -143,3 +143,25 @@ async def test_an_assistant_message_sent_back_with_its_thinking_is_rendered(gw: 
     tok = AutoTokenizer.from_pretrained(gw.root / "tiny-target-v1")  # type: ignore[attr-defined]
     prompt = tok.decode(await _tokens(gw, messages=messages))
     assert f"<|channel|>final<|message|>{message['content']}<|end|>" in prompt
+
+
+async def test_a_calls_thinking_sent_back_is_rendered_as_its_analysis(gw: Gateway) -> None:
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "add", "arguments": '{"a": 2}'}}  # fmt: skip
+    messages = [
+        {"role": "user", "content": "add 2"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call],
+            "reasoning_content": "Need add.",
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+    ]
+    tok = AutoTokenizer.from_pretrained(gw.root / "tiny-target-v1")  # type: ignore[attr-defined]
+    prompt = tok.decode(await _tokens(gw, messages=messages))
+    assert (
+        "<|start|>assistant<|channel|>analysis<|message|>Need add.<|end|>"
+        '<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{"a": 2}<|call|>'
+        '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"5"<|end|>'
+    ) in prompt
