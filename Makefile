@@ -25,6 +25,26 @@ $(NATIVE): $(STAMP) gateway/engine/linear_rows.cpp
 run: $(STAMP) $(NATIVE)
 	$(BIN)/python -m gateway
 
+# The llama.cpp backend (the `llamacpp` extra: llama-cpp-python and gguf; docs/backends.md),
+# for make test, never for make run. pip builds llama-cpp-python from its sdist (CMake, a C++
+# compiler) once per machine and keeps the wheel in its cache; later installs reuse it.
+# LLAMA_CMAKE_ARGS builds what the Python package loads (libllama, ggml) for this CPU
+# (GGML_NATIVE) and leaves out llama.cpp's tests, examples, tools, server and app, the
+# multimodal library (mtmd/llava) and curl/OpenSSL. On x86 it also leaves out ggml's AMX
+# kernels: on a CPU with AMX they crash llama_decode on quantized weights (Q8_0, Q4_K_M;
+# tests/unit/engine/llamacpp/test_quantized.py), and AVX-512/AVX2 kernels serve instead.
+LLAMA := $(VENV)/.llamacpp
+NO_AMX := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+	-DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+	'-DCMAKE_C_FLAGS=$(NO_AMX)' '-DCMAKE_CXX_FLAGS=$(NO_AMX)'
+
+$(LLAMA): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(BIN)/pip install -q -e ".[llamacpp]"
+	touch $(LLAMA)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -60,7 +80,7 @@ browser:
 # tests/conftest.py starts the slowest first); tests that share a costly fixture carry an
 # xdist_group mark, so they run on one worker. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= auto
-test: $(STAMP) $(NATIVE) lint browser
+test: $(STAMP) $(NATIVE) $(LLAMA) lint browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 \
 		-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
