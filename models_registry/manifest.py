@@ -34,7 +34,10 @@ TOOL_FORMATS: tuple[str, ...] = (
 )  # fmt: skip
 """The tool-call syntaxes a target may be declared to speak (``tool_format``; the engine's
 gateway/engine/constraints/tool_formats.py defines them). Unset: read off the chat template."""
-_OPTIONAL_CHOICE: dict[str, tuple[str, ...]] = {"tool_format": TOOL_FORMATS}
+BACKENDS: tuple[str, ...] = ("torch", "llama.cpp")
+"""What runs a model (``backend``): ``torch`` (transformers, the default) on a directory of
+safetensors, ``llama.cpp`` on one GGUF file (gateway/engine/backends/)."""
+_OPTIONAL_CHOICE: dict[str, tuple[str, ...]] = {"tool_format": TOOL_FORMATS, "backend": BACKENDS}
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,11 @@ class ModelEntry:
     version: str
     role: Role
     path: Path
-    """Directory holding config.json, tokenizer files and *.safetensors (absolute once loaded)."""
+    """Directory holding config.json, tokenizer files and *.safetensors (absolute once loaded);
+    for the llama.cpp backend, the .gguf file, its tokenizer files in the same folder."""
     sha256: str
-    """SHA-256 of model.safetensors (or of all shards' bytes concatenated in name order)."""
+    """SHA-256 of model.safetensors (or of all shards' bytes concatenated in name order; or of
+    the .gguf file)."""
     architecture: str | None = None
     parameters: int | None = None
     tokenizer: str | None = None
@@ -59,6 +64,8 @@ class ModelEntry:
     trained_on: str | None = None
     tool_format: str | None = None
     """The model's tool-call syntax (one of TOOL_FORMATS); None: read off its chat template."""
+    backend: str | None = None
+    """One of BACKENDS; None: torch."""
 
     @property
     def key(self) -> str:
@@ -161,6 +168,8 @@ def _entry_from_dict(raw: object, root: Path, index: int) -> ModelEntry:
             )
         fields[key] = value
     path = Path(fields.pop("path")).expanduser()
+    if fields["backend"] == "llama.cpp" and path.suffix != ".gguf":
+        raise ManifestError(f"{where}: backend llama.cpp serves a .gguf file, got path {path}")
     return ModelEntry(path=(root / path).resolve(), **fields)
 
 
@@ -215,7 +224,7 @@ def verify_sha256(entry: ModelEntry, cache: Path | None = None) -> None:
     ``entry.sha256`` are not read again, so a restart does not hash gigabytes of unchanged
     shards. Writing to a file moves its change time, which no user can set back, so changed
     weights are hashed again; only a match is kept, and an unreadable cache is ignored."""
-    files = weight_files(entry.path)
+    files = entry_files(entry)
     key = _stat_key(files) if cache is not None else ""
     if cache is not None and _read_checksums(cache).get(key) == entry.sha256:
         return
@@ -227,6 +236,15 @@ def verify_sha256(entry: ModelEntry, cache: Path | None = None) -> None:
         )
     if cache is not None and _stat_key(files) == key:  # not written to while hashed
         _keep_checksum(cache, key, actual)
+
+
+def entry_files(entry: ModelEntry) -> tuple[Path, ...]:
+    """The files the entry's checksum covers: its safetensors, or its GGUF file."""
+    if entry.backend == "llama.cpp":
+        if not entry.path.is_file():
+            raise ModelNotFound(f"GGUF file {entry.path} does not exist")
+        return (entry.path,)
+    return weight_files(entry.path)
 
 
 def _stat_key(files: tuple[Path, ...]) -> str:
@@ -328,11 +346,13 @@ def register(
 
 
 __all__ = [
+    "BACKENDS",
     "ROLES",
     "Manifest",
     "ModelEntry",
     "Role",
     "dump_manifest",
+    "entry_files",
     "load_manifest",
     "register",
     "verify_sha256",

@@ -217,6 +217,10 @@ class ModelPool:
         without its drafting head (draft_vocab False), a draft with it. A model the engine
         cannot serve exactly answers 503 model_unsupported, with the reason."""
         try:
+            if entry.backend not in (None, "torch"):  # a GGUF on llama.cpp: engine/backends/
+                from gateway.engine.backends.loading import load
+
+                return load(str(entry.path), entry.backend, self.device)
             return load_model(
                 str(entry.path), self.device, self.dtype, draft_vocab, self.cpu_linear,
                 compiled=self.compile_mode != "off",

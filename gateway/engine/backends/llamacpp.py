@@ -37,6 +37,7 @@ import logging
 import os
 import weakref
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -115,6 +116,12 @@ class LlamaCppModel:
         """The GGUF's end-of-generation token ids (eos, eot) that exist."""
         ids = [int(lc.llama_vocab_eos(self.vocab)), int(lc.llama_vocab_eot(self.vocab))]
         return [i for i in ids if 0 <= i < self.n_vocab]
+
+    def parameters(self) -> Iterator[torch.Tensor]:
+        """No torch parameters: the weights are llama.cpp's. One empty float32 CPU tensor
+        stands for them where a caller reads a model's dtype and device off its first
+        parameter (the cost store's key names the GGUF by its checksum)."""
+        yield torch.empty(0, dtype=torch.float32)
 
     def forward(self, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
         """Not served: a llama.cpp model decodes through the batch path (Engine.batch), whose
