@@ -165,12 +165,7 @@ class ChannelsFirst:
         self.inner = inner
         self.c = channels
         self.budget = budget
-        own_header = inner is not None and bool(
-            inner.allowed_mask(channels.channel + 1)[channels.channel]
-        )
-        # the answer's header before the inner grammar: none where it writes its own
-        self.prefix: tuple[int, ...] = () if inner is None or own_header else channels.final
-        self.after = () if inner is None else channels.start + self.prefix
+        self._prefix: tuple[int, ...] | None = None
         self.phase = OPENING
         self.opened: list[int] = []  # the opening's tokens
         self.analysis_live = True  # the opening still fits the analysis header
@@ -179,6 +174,21 @@ class ChannelsFirst:
         self.pos = 0  # of which this many are written
         self.thought = 0
         self._log: list[tuple[Any, ...]] = []  # per token: the state before it, tokens fed
+
+    @property
+    def prefix(self) -> tuple[int, ...]:
+        """The answer's header before the inner grammar: none where it writes its own (its
+        first token may be ``<|channel|>``). Read on first use, on the thread that decodes."""
+        if self._prefix is None:
+            c, inner = self.c, self.inner
+            own = inner is None or bool(inner.allowed_mask(c.channel + 1)[c.channel])
+            self._prefix = () if own else c.final
+        return self._prefix
+
+    @property
+    def after(self) -> tuple[int, ...]:
+        """What the thinking's ``<|end|>`` forces before the inner grammar."""
+        return () if self.inner is None else self.c.start + self.prefix
 
     def allowed_mask(self, vocab_size: int) -> torch.Tensor:
         c = self.c
