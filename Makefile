@@ -15,10 +15,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-# The C++ kernel of the compiled step's products (gateway/engine/native.py); where it cannot
+# The C++ kernel of the compiled step's products (gateway/speed/native.py); where it cannot
 # be built the Python kernel serves, so this never fails.
-$(NATIVE): $(STAMP) gateway/engine/linear_rows.cpp
-	$(BIN)/python -c "from gateway.engine import packed_linear as p; \
+$(NATIVE): $(STAMP) gateway/speed/linear_rows.cpp
+	$(BIN)/python -c "from gateway.speed import packed_linear as p; \
 		print('gateway::linear_rows:', p.KERNEL.name, 'kernel')"
 	touch $(NATIVE)
 

@@ -31,8 +31,9 @@ from litestar.testing import AsyncTestClient
 
 from benchmarks._server import MANIFEST
 from gateway.asgi import create_app
-from gateway.engine import LoadedModel, load_model
+from gateway.engine import LoadedModel
 from gateway.settings import Settings
+from gateway.speed import load_fast
 
 ADMIN = {"authorization": "Bearer sk-admin-probe-local"}
 TARGET = "demo-code-target"
@@ -64,7 +65,7 @@ def time_steps(model: LoadedModel) -> dict[str, float]:
 
 def reference() -> dict[str, float]:
     entry = next(e for e in _manifest_models() if e["name"] == TARGET)
-    return time_steps(load_model(str(MANIFEST.parent / entry["path"]), draft_vocab=False))
+    return time_steps(load_fast(str(MANIFEST.parent / entry["path"]), draft_vocab=False))
 
 
 def _manifest_models() -> list[dict[str, Any]]:

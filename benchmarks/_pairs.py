@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from gateway.engine import LoadedModel, load_model, wrap_model
+from gateway.engine import LoadedModel
+from gateway.speed import load_fast, wrap_fast
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "models_registry" / "demo" / "manifest.yaml"
@@ -29,7 +30,7 @@ def load_pair(
     dtype: torch.dtype | None = None, cpu_linear: bool | None = None, compiled: bool = False
 ) -> Pair:
     """The demo pair in `dtype` (the engine's default when None); cpu_linear=False keeps
-    torch's own nn.Linear forward (see gateway/engine/cpu_linear.py); `compiled`: its steps
+    torch's own nn.Linear forward (see gateway/speed/cpu_linear.py); `compiled`: its steps
     are to be compiled (the linear forward is then timed as the compiled step multiplies)."""
     if MANIFEST.exists():
         import yaml
@@ -40,7 +41,7 @@ def load_pair(
             for e in entries:
                 if e["name"] == name and str(e["version"]) == version:
                     path = MANIFEST.parent / e["path"]
-                    return load_model(path, dtype=dtype, draft_vocab=draft_vocab,
+                    return load_fast(path, dtype=dtype, draft_vocab=draft_vocab,
                                       cpu_linear=cpu_linear, compiled=compiled)  # fmt: skip
             raise KeyError(f"{name} v{version} is not in {MANIFEST}")
 
@@ -93,7 +94,7 @@ def random_pair(
             pad_token_id=0,
         )
         model = LlamaForCausalLM(cfg)
-        return wrap_model(model if dtype is None else model.to(dtype), fast, cpu_linear=cpu_linear,
+        return wrap_fast(model if dtype is None else model.to(dtype), fast, cpu_linear=cpu_linear,
                           compiled=compiled)  # fmt: skip
 
     v2 = build(1, 192, 3, 3)

@@ -72,10 +72,11 @@ def targets() -> list[tuple[Any, str, str]]:
     checkout has (an older one, step_profile's "before", may lack some). A module's entry is
     the name its callers look up: the scheduler's and drafting's own imports."""
     from gateway.engine import draft_head
-    from gateway.engine.batch import drafting, forward, scheduler
-    from gateway.engine.batch.decoder import LeanDecoder
-    from gateway.engine.compiled import CompiledForwards
+    from gateway.engine.batch import drafting, scheduler
     from gateway.serving import worker
+    from gateway.speed import steps
+    from gateway.speed.compiled import CompiledForwards
+    from gateway.speed.lean import LeanDecoder
 
     wanted = [
         (worker.InferenceWorker, "_admit", "worker_admit"),
@@ -98,8 +99,8 @@ def targets() -> list[tuple[Any, str, str]]:
         (scheduler, "plan_masks", "plan_masks"),
         (scheduler, "settle_step", "settle"),
         # a compiled several-token step leaves the target's output head to its caller
-        # (batch/forward.py): that product is compute, not the forward's preparation
-        (forward, "_outer_head", COMPUTE),
+        # (speed/steps.py): that product is compute, not the forward's preparation
+        (steps, "_outer_head", COMPUTE),
     ]
     return [(o, a, p) for o, a, p in wanted if o is not None and hasattr(o, a)]
 

@@ -8,7 +8,9 @@ models the gateway loads today (eager: no compiled step). The 16 code prompts
 (benchmarks/prompts), 64 greedy tokens each, served through `Engine.batch` with 1 and 8 rows
 in flight (a finished row's place taken by the next prompt), standard and speculative
 (draft v2, k 1..8, the k policy on measured costs as in the gateway). BACKENDS=llama.cpp
-(or torch) runs one of them; THREADS (default 2) sets both backends' threads. On a CPU shared
+(or torch) runs one of them; GGUF (default f32; e.g. f32,q8_0,q4_k_m) the llama.cpp pair's
+quantizations (models_registry/gguf.py), each run on its own; THREADS (default 2) sets both
+backends' threads. On a CPU shared
 with other work, llama.cpp's threads wait on each other at every barrier: on this 2-core
 machine under load, a one-token forward of the demo target took 9.6 ms (median) with one
 thread and 167 ms with two.
@@ -32,7 +34,7 @@ import torch
 
 from benchmarks._llamacpp import DEMO, MODELS, gguf
 from gateway.engine import DecodeRequest, DecodeResult, Engine, LoadedModel, SamplingParams
-from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.models import load_model
 from gateway.engine.schema import Finished
 
@@ -88,7 +90,7 @@ def _gap(lm: LoadedModel, prompt: tuple[int, ...], a: tuple[int, ...], b: tuple[
 
     cache = slot_cache(lm.model, 1, lm.context_length)
     ctx = [*prompt, *a[:i]]
-    z = batched_forward(lm.model, "cache", cache, [cache.take()], [ctx], lm.device, True)[0][0]
+    z = batched_forward(lm.model, Step(cache, [cache.take()], [ctx], keep_last=True))[0][0]
     return {"index": i, "gap": abs(float(z[a[i]] - z[b[i]]))}
 
 
@@ -105,7 +107,7 @@ def _compare(lm: LoadedModel, prompts, got: list[DecodeResult], want: list[Decod
     }
 
 
-def _pair(backend: str) -> tuple[LoadedModel, LoadedModel]:
+def _pair(backend: str, kind: str = "f32") -> tuple[LoadedModel, LoadedModel]:
     if backend == "torch":
         return (
             load_model(DEMO / MODELS["target"], device="cpu"),
@@ -114,16 +116,20 @@ def _pair(backend: str) -> tuple[LoadedModel, LoadedModel]:
     from gateway.engine.backends.llamacpp import load_gguf
 
     return (
-        load_gguf(gguf("target"), DEMO / MODELS["target"], threads=THREADS),
-        load_gguf(gguf("draft_v2"), DEMO / MODELS["draft_v2"], threads=THREADS),
+        load_gguf(gguf("target", kind), DEMO / MODELS["target"], threads=THREADS),
+        load_gguf(gguf("draft_v2", kind), DEMO / MODELS["draft_v2"], threads=THREADS),
     )
 
 
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     torch.set_num_threads(THREADS)
     report: dict[str, Any] = {"new_tokens": NEW_TOKENS, "threads": THREADS, "runs": {}}
+    sides = []  # (backend, quantization, label)
     for backend in os.environ.get("BACKENDS", "llama.cpp,torch").split(","):
-        target, draft = _pair(backend)
+        kinds = os.environ.get("GGUF", "f32").split(",") if backend == "llama.cpp" else [""]
+        sides += [(backend, k, f"{backend}-{k}" if k and k != "f32" else backend) for k in kinds]
+    for backend, kind, label in sides:
+        target, draft = _pair(backend, kind or "f32")
         engine = Engine(target)
         engine.measure_costs(max(ROWS))
         engine.measure_costs(max(ROWS), draft)
@@ -139,23 +145,22 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
                 results[(mode, rows)] = got
                 tokens = sum(len(r.token_ids) for r in got)
                 accepted = [r.stats.accepted / r.stats.drafted for r in got if r.stats.drafted]
-                report["runs"][f"{backend}/{mode}/{rows}"] = run_ = {
+                report["runs"][f"{label}/{mode}/{rows}"] = run_ = {
                     "tokens_per_s": tokens / spent,
                     "tokens": tokens,
                     "seconds": spent,
                     "acceptance": statistics.mean(accepted) if accepted else None,
                 }
-                print(f"   {backend}/{mode}/{rows}: {run_}", flush=True)
+                print(f"   {label}/{mode}/{rows}: {run_}", flush=True)
         if backend == "llama.cpp":
             std1 = results[("standard", 1)]
-            report["exactness"] = {
-                f"{mode}/{rows} vs standard/1": _compare(
-                    target, prompts, results[(mode, rows)], std1
-                )
-                for mode, rows in [("speculative", 1), ("standard", 8), ("speculative", 8)]
-            }
-            report["llama.cpp_texts"] = [r.token_ids for r in std1]
-            print(f"   exactness: {json.dumps(report['exactness'])}", flush=True)
+            exact = report.setdefault("exactness", {})
+            for mode, rows in [("speculative", 1), ("standard", 8), ("speculative", 8)]:
+                name = f"{label}: {mode}/{rows} vs standard/1"
+                exact[name] = _compare(target, prompts, results[(mode, rows)], std1)
+            if label == "llama.cpp":  # f32: compared with torch's texts below
+                report["llama.cpp_texts"] = [r.token_ids for r in std1]
+            print(f"   exactness: {json.dumps(exact)}", flush=True)
         elif "llama.cpp_texts" in report:
             cpp = report.pop("llama.cpp_texts")
             same = sum(a == r.token_ids for a, r in zip(cpp, results[("standard", 1)], strict=True))
@@ -172,7 +177,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{name:32} {r['tokens_per_s']:9.1f} {acc:>10}")
     for name, e in result.get("exactness", {}).items():
         gap = "" if e["max_gap"] is None else f" (largest gap at a parting {e['max_gap']:.2e})"
-        lines.append(f"llama.cpp {name}: {e['equal']}/{e['of']} equal{gap}")
+        lines.append(f"{name}: {e['equal']}/{e['of']} equal{gap}")
     if "llama.cpp_vs_torch_standard_equal" in result:
         lines.append(f"llama.cpp vs torch, standard: {result['llama.cpp_vs_torch_standard_equal']}")
     return "\n".join(lines)

@@ -118,7 +118,7 @@ def compare(
 
 def blas_row_classes(shape: tuple[int, int] = (8192, 256), most: int = 64) -> dict[str, str]:
     """Which row counts round a row of x @ W^T (torch's linear) and W @ x^T (the weight-major
-    form of gateway/engine/cpu_linear.py) alike: runs of counts with the same class, e.g.
+    form of gateway/speed/cpu_linear.py) alike: runs of counts with the same class, e.g.
     "1:0 2-3:1 4-64:2"."""
     import torch
 

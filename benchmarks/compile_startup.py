@@ -1,6 +1,6 @@
 """How long the demo gateway takes to be ready with GATEWAY_COMPILE=on: a cold start (a
 fresh var folder: empty compile cache and store) with the compile helper
-(GATEWAY_COMPILE_HELPER=true, gateway/engine/precompile.py) and without, alternating, and a
+(GATEWAY_COMPILE_HELPER=true, gateway/speed/precompile.py) and without, alternating, and a
 restart on the helper's folder (every step stored: loaded, no helper).
 
     python -m benchmarks compile_startup [--quick]

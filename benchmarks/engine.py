@@ -23,7 +23,7 @@ Prompts: benchmarks/prompts/code.jsonl, short Python snippets written for this b
   (torch's own nn.Linear forward): what a user would run instead. The goal compares with the
   fastest of them.
 - hf_assisted_v2_k{k}_weight_major: the same on the engine's loaded models, whose fp32
-  linear layers use gateway/engine/cpu_linear.py: HF's algorithm with our kernels.
+  linear layers use gateway/speed/cpu_linear.py: HF's algorithm with our kernels.
 - prompt_lookup: n-gram copy from prompt + output, k in [1, 8].
 - prediction: the client's predicted output is the standard output itself: the IDEAL case
   (every drafted token is right), an upper bound, not a typical number.

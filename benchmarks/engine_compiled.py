@@ -1,7 +1,7 @@
-"""Eager vs compiled batch steps (gateway/engine/compiled.py) on the demo pair, in-process:
+"""Eager vs compiled batch steps (gateway/speed/compiled.py) on the demo pair, in-process:
 standard and speculative (draft v2), 1 and 8 rows, greedy, held-out prompts; plus the
 warm-up time cold (an empty inductor cache) and from the cache (a restart: the steps
-precompiled by the cold start, engine/compiled.py Precompiled, load without tracing).
+precompiled by the cold start, speed/store.py Precompiled, load without tracing).
 
     python -m benchmarks engine_compiled [--quick]
 
@@ -31,9 +31,9 @@ from pathlib import Path
 from benchmarks._pairs import load_pair
 from benchmarks.concurrency import _prompts
 from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, init_torch_thread
-from gateway.engine.compiled import compiled_model
+from gateway.speed.warmup import compiled_model
 
-from gateway.engine import cpu_linear, keep_verdicts
+from gateway.speed import cpu_linear, keep_verdicts
 init_torch_thread()
 rounds, new_tokens, only_warmup = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])

@@ -8,7 +8,7 @@ Demo pair in the engine's default dtype on CUDA (bf16), held-out code prompts, g
 process: every row joins at step 0, tokens/s = generated tokens / wall time of the batch;
 the sides alternate round by round and the median is kept. `identical_rows` compares each
 side's outputs with eager's token for token (bf16: a padded product may round otherwise
-and part at a near tie; tests/unit/engine/test_graphs.py checks fp32). transformers'
+and part at a near tie; tests/unit/speed/test_graphs.py checks fp32). transformers'
 generate runs the prompts one after another (it has no continuous batching), assisted with
 a constant k = 4 like http_assisted.
 """
@@ -31,7 +31,8 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     from benchmarks._pairs import load_pair
     from benchmarks.concurrency import _prompts
     from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams
-    from gateway.engine.compiled import compiled_model
+    from gateway.speed.fast import compiled_of
+    from gateway.speed.warmup import compiled_model
 
     rounds, new = (1, 32) if quick else (3, 64)
     pair = load_pair()
@@ -102,8 +103,8 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             print(mode, rows, cell, flush=True)
     out["captures"] = {
         name: {
-            "graphs": sum(m.compiled.graphs.captures for m in (e.target, d)),
-            "seconds": round(sum(m.compiled.graphs.capture_s for m in (e.target, d)), 2),
+            "graphs": sum(compiled_of(m).graphs.captures for m in (e.target, d)),
+            "seconds": round(sum(compiled_of(m).graphs.capture_s for m in (e.target, d)), 2),
         }
         for name, (e, d) in sides.items()
         if name != "eager"

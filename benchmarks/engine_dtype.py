@@ -6,7 +6,7 @@ The cost model's ideal speedup E / (k c + 1) assumes that one target forward ove
 tokens (a verify step) costs the same as a forward over one token (a standard step). This
 benchmark measures that assumption on the demo pair, on the device the engine picks (CPU
 here), in three variants: fp32 as served (nn.Linear with the weight-major forward of
-gateway/engine/cpu_linear.py), fp32_torch_linear (torch's own nn.Linear forward) and bf16.
+gateway/speed/cpu_linear.py), fp32_torch_linear (torch's own nn.Linear forward) and bf16.
 
 1. Forward profile: one prefilled context (the first held-out prompt), then target forwards
    over n = 1 .. K_MAX + 1 new tokens, cropped back after each; configurations interleaved
@@ -48,7 +48,7 @@ from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams
 from gateway.engine.models import cache_kwarg, crop_cache, forward_logits
 
 # variant -> (dtype, cpu_linear): fp32 as served, fp32 with torch's own nn.Linear forward
-# (what gateway/engine/cpu_linear.py replaces), bf16.
+# (what gateway/speed/cpu_linear.py replaces), bf16.
 DTYPES = {
     "fp32": (torch.float32, True),
     "fp32_torch_linear": (torch.float32, False),

@@ -105,7 +105,7 @@ def _steps(
     target = load_pair(compiled=compiled).target  # as the gateway loads it
     if compiled:
         from benchmarks.llamacpp import COMPILE_CACHE
-        from gateway.engine.compiled import compiled_model
+        from gateway.speed.warmup import compiled_model
 
         target = compiled_model(target, 8, store=COMPILE_CACHE / "precompiled")[0]
     engine = Engine(target)

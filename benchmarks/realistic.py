@@ -201,7 +201,8 @@ def _instrument(parts: dict[str, float]) -> None:
 
     import gateway.engine.models as em
     import gateway.serving.models as sm
-    from gateway.engine.batch.decoder import LeanDecoder
+    import gateway.speed.attach as sa
+    from gateway.speed.lean import LeanDecoder
 
     def wrap(owner: Any, name: str, label: str, static: bool = False) -> None:
         inner = getattr(owner, name)
@@ -216,12 +217,12 @@ def _instrument(parts: dict[str, float]) -> None:
         setattr(owner, name, staticmethod(timed) if static else timed)
 
     wrap(sm, "verify_sha256", "sha256")
-    wrap(sm, "load_model", "load_model")
+    wrap(sm, "load_fast", "load_model")
     wrap(sm, "check_pair", "check_pair")
     wrap(sm.ModelPool, "_probe", "cost_probe")
     wrap(em, "check_servable", "family_check")
-    wrap(em, "weight_major_pays", "linear_verdict")
-    wrap(em, "unchecked_decoder", "lean_decoder")
+    wrap(sa, "weight_major_pays", "linear_verdict")
+    wrap(sa, "unchecked_decoder", "lean_decoder")
     wrap(LeanDecoder, "checked", "lean_parity_check")
     wrap(transformers.AutoModelForCausalLM, "from_pretrained", "from_pretrained", static=True)
     wrap(transformers.AutoTokenizer, "from_pretrained", "tokenizer", static=True)
@@ -268,9 +269,9 @@ def _gateway_child(args: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from gateway.engine import keep_verdicts
-    from gateway.serving.models import ModelPool
+    from gateway.serving.models import ModelPool, PoolOptions
     from gateway.serving.worker import batch_rows
+    from gateway.speed import keep_verdicts
 
     imports = time.perf_counter() - t_start
     _set_threads()
@@ -285,10 +286,11 @@ def _gateway_child(args: dict[str, Any]) -> dict[str, Any]:
         return fn()
 
     async def start() -> tuple[Any, dict[str, Any]]:
-        pool = ModelPool.from_manifest(
-            str(folder / "manifest.yaml"), "cpu", args["dtype"], runner, probe_rows=ROWS,
-            compile_rows=lambda ctx: batch_rows(ROWS, None, ctx), cpu_linear=cpu_linear,
+        options = PoolOptions(
+            device="cpu", dtype=args["dtype"], probe_rows=ROWS, cpu_linear=cpu_linear,
+            compile_rows=lambda ctx: batch_rows(ROWS, None, ctx),
         )  # fmt: skip
+        pool = ModelPool.from_manifest(str(folder / "manifest.yaml"), runner, options)
         t0 = time.perf_counter()
         await pool.load_targets()
         ready = time.perf_counter() - t0
@@ -338,7 +340,7 @@ def _gateway_child(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _linear_form(model: Any) -> str:
-    from gateway.engine.cpu_linear import uses_weight_major
+    from gateway.speed.cpu_linear import uses_weight_major
 
     if model.dtype != __import__("torch").float32:
         return "torch (not fp32)"
@@ -608,7 +610,7 @@ def _threads() -> int:
 
 
 def _machine() -> str:
-    from gateway.engine.cpu_linear import machine_identity
+    from gateway.speed.cpu_linear import machine_identity
 
     return ", ".join(machine_identity())
 

@@ -64,7 +64,7 @@ def _child_main(argv: list[str]) -> None:
     pair = load_pair(compiled=setting != "off")  # as the gateway loads it
     target, draft = pair.target, pair.drafts["v2"]
     if setting != "off":
-        from gateway.engine.compiled import compiled_model
+        from gateway.speed.warmup import compiled_model
 
         store, auto = COMPILE_CACHE / "precompiled", setting == "auto"
         target = compiled_model(target, 8, measure=auto, store=store)[0]

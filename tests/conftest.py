@@ -43,15 +43,15 @@ FIRST_MODULES = frozenset(
 too."""
 SPLIT = frozenset(
     {
-        "unit/engine/test_compiled.py",
-        "unit/engine/test_precompile.py",
+        "unit/speed/test_compiled.py",
+        "unit/speed/test_precompile.py",
         "unit/serving/test_compile_helper.py",
     }
 )
 """Modules whose tests are handed out one by one (paths under tests/)."""
 GROUPS = {
     "test_compiled-stored": tuple(
-        f"tests/unit/engine/test_compiled.py::{name}"
+        f"tests/unit/speed/test_compiled.py::{name}"
         for name in (
             "test_a_step_whose_keys_span_one_position_runs_eager",
             "test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_eager",

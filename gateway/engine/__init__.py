@@ -5,7 +5,6 @@ Leaf package: torch + transformers only (no tenants, HTTP, database or YAML).
 
 from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.constraints import Grammar, TokenSequencesGrammar
-from gateway.engine.cpu_linear import keep_verdicts
 from gateway.engine.engine import Engine, StepCost
 from gateway.engine.errors import (
     EmptyPrompt,
@@ -63,7 +62,6 @@ __all__ = [
     "check_pair",
     "crop_cache",
     "init_torch_thread",
-    "keep_verdicts",
     "load_model",
     "wrap_model",
 ]

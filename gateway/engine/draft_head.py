@@ -15,13 +15,12 @@ the head checks once that the model's logits really are `lm_head(last hidden sta
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from gateway.engine.cpu_linear import linear
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
@@ -29,7 +28,7 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 class DraftHead(torch.nn.Module):
     """The reduced head: hidden states (..., H) -> logits (..., V) over the full vocabulary,
     -inf outside the subset. A module (its tensors buffers) so that a compiled drafting
-    step can run it inside its graph (engine/compiled.py) and a precompiled one can refer
+    step can run it inside its graph (speed/compiled.py) and a precompiled one can refer
     to it."""
 
     token_ids: torch.Tensor  # (N,) sorted, unique
@@ -38,18 +37,20 @@ class DraftHead(torch.nn.Module):
 
     def __init__(
         self, token_ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-        vocab: int, weight_major: bool = False,
+        vocab: int,
     ) -> None:  # fmt: skip
         super().__init__()
         self.register_buffer("token_ids", token_ids)
         self.register_buffer("weight", weight)
         self.register_buffer("bias", bias)
         self.vocab = vocab
-        self.weight_major = weight_major  # computed with cpu_linear.linear (as the model's)
+        self.linear: Callable[..., torch.Tensor] | None = None
+        """Its product (x, weight, bias); None: torch's F.linear. The speed package sets it
+        where it gives the model's linear layers another form (gateway/speed/cpu_linear.py)."""
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        apply = linear if self.weight_major else F.linear
-        sub = apply(h, self.weight, self.bias)  # (..., N)
+        product = F.linear if self.linear is None else self.linear
+        sub = product(h, self.weight, self.bias)  # (..., N)
         full = h.new_full((*h.shape[:-1], self.vocab), float("-inf"))  # (..., V)
         return full.index_copy_(-1, self.token_ids, sub)
 
@@ -65,10 +66,9 @@ def read_draft_vocab(model_dir: str | Path) -> list[int] | None:
     return ids
 
 
-def build_head(model: Any, token_ids: list[int], weight_major: bool = False) -> DraftHead:
+def build_head(model: Any, token_ids: list[int]) -> DraftHead:
     """Slice `model`'s output embedding to `token_ids`, after checking that its logits are
-    lm_head(hidden) (so the reduced head gives the full logits on the subset); weight_major:
-    apply it with cpu_linear.linear, the same kernel choice as cpu_linear's nn.Linear."""
+    lm_head(hidden) (so the reduced head gives the full logits on the subset)."""
     head = model.get_output_embeddings()
     vocab = int(head.weight.shape[0])
     ids = sorted(set(token_ids))
@@ -82,7 +82,6 @@ def build_head(model: Any, token_ids: list[int], weight_major: bool = False) -> 
         weight=head.weight.detach()[idx].contiguous(),
         bias=None if bias is None else bias.detach()[idx].contiguous(),
         vocab=vocab,
-        weight_major=weight_major,
     )
     # The check applies the model's own head module to the backbone output (same kernel, so
     # no accumulation-order noise, even in bf16); slicing its rows is then exact.

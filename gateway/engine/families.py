@@ -61,14 +61,13 @@ def probe(model: Any, kwarg: str) -> float:
     forward over a sequence (no cache) and the engine's batch forward building the same
     sequence on a slot cache: two rows of different lengths, prefilled in two chunks, then
     steps of one token and of four."""
-    from gateway.engine.batch.forward import batched_forward
+    from gateway.engine.batch.forward import Step, batched_forward
     from gateway.engine.batch.slots import SlotCache
-    from gateway.engine.models import _context_length
 
     cfg = model.config
     device = next(model.parameters()).device
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    n = min(PROBE_TOKENS, _context_length(cfg) - 1)
+    n = min(PROBE_TOKENS, context_length(cfg) - 1)
     gen = torch.Generator().manual_seed(0)
     seqs = [torch.randint(1, vocab, (n,), generator=gen).tolist() for _ in range(2)]
     seqs[1] = seqs[1][: n - 7]
@@ -79,9 +78,8 @@ def probe(model: Any, kwarg: str) -> float:
         got: list[list[torch.Tensor]] = [[], []]
         for feeds in _schedule(seqs):
             rows = [r for r in range(2) if feeds[r]]
-            out = batched_forward(
-                model, kwarg, cache, [slots[r] for r in rows], [feeds[r] for r in rows], device
-            )
+            step = Step(cache, [slots[r] for r in rows], [feeds[r] for r in rows])
+            out = batched_forward(model, step)
             for r, logits in zip(rows, out, strict=True):
                 got[r].append(logits)
                 cache.length[slots[r]] += len(feeds[r])
@@ -108,3 +106,12 @@ def _schedule(seqs: list[list[int]]) -> list[list[list[int]]]:
         at = [min(len(s), a + width) for a, s in zip(at, seqs, strict=True)]
         width = 5 - width  # 1, 4, 1, 4...
     return steps
+
+
+def context_length(config: Any) -> int:
+    """The model's context length, from whichever field its config names it by."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError(f"cannot find the context length in {type(config).__name__}")

@@ -5,17 +5,17 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from gateway.engine.batch.decoder import LeanDecoder, unchecked_decoder
-from gateway.engine.compiled import CompiledForwards
-from gateway.engine.cpu_linear import use_weight_major_linear, weight_major_pays
 from gateway.engine.draft_head import DraftHead, build_head, read_draft_vocab
 from gateway.engine.errors import VocabularyMismatch
-from gateway.engine.families import check_servable
+from gateway.engine.families import check_servable, context_length
+
+if TYPE_CHECKING:
+    from gateway.engine.batch.forward import FastForward
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,9 @@ class LoadedModel:
     context_length: int
     eos_token_ids: tuple[int, ...]
     draft_head: DraftHead | None = None  # a reduced output head for drafting (draft_head.py)
-    compiled: CompiledForwards | None = None  # the batch path's compiled forwards (compiled.py)
-    decoder: LeanDecoder | None = None  # the batch path's lean forward (batch/decoder.py)
+    fast: FastForward | None = None
+    """A faster way to run some of its batch steps (batch/forward.py `FastForward`), which
+    the speed package (gateway/speed) attaches at load; None: the model's own forward."""
 
 
 def default_device() -> torch.device:
@@ -58,14 +59,6 @@ def serving_threads() -> int:
     return max(1, torch.get_num_threads() - 1)
 
 
-def _context_length(config: Any) -> int:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise ValueError(f"cannot find the context length in {type(config).__name__}")
-
-
 def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     ids: list[int] = []
     gen = getattr(model, "generation_config", None)
@@ -82,31 +75,12 @@ def wrap_model(
     path: str = "<memory>",
     device: torch.device | None = None,
     draft_vocab: list[int] | None = None,
-    cpu_linear: bool | None = None,
-    lean: bool = True,
-    compiled: bool = False,
 ) -> LoadedModel:
     """Describe an already-built model (eval mode) as a LoadedModel; with `draft_vocab`, it
-    drafts among those token ids only (see draft_head.py). With `cpu_linear`, its fp32 CPU
-    nn.Linear layers (in place) and its reduced head get the decode-friendly forward of
-    cpu_linear.py; None (the default) measures whether that pays on this machine, on the
-    products its steps will run: with `compiled` (its steps are to be compiled,
-    engine/compiled.py), those of the compiled step, whose projections are joined (the
-    verdict can differ between the model's own products and the joined ones, and the
-    joined ones are what a compiled step runs). Raises UnsupportedModel for a model the
-    engine cannot serve exactly (families.py)."""
+    drafts among those token ids only (see draft_head.py). Raises UnsupportedModel for a
+    model the engine cannot serve exactly (families.py)."""
     model.eval()
-    kwarg = cache_kwarg(model)
-    check_servable(model, kwarg)  # raises UnsupportedModel, with the reason
-    decoder = unchecked_decoder(model) if lean else None
-    if cpu_linear is None:
-        served = decoder.compiled_linears() if compiled and decoder is not None else None
-        cpu_linear = weight_major_pays(model, served)
-    if cpu_linear:
-        use_weight_major_linear(model)
-        if decoder is not None and decoder.joined is not None:
-            use_weight_major_linear(decoder.joined)
-    decoder = None if decoder is None else decoder.checked(kwarg)  # with the forward that serves
+    check_servable(model, cache_kwarg(model))  # raises UnsupportedModel, with the reason
     param = next(model.parameters())
     return LoadedModel(
         model=model,
@@ -115,10 +89,9 @@ def wrap_model(
         dtype=param.dtype,
         path=path,
         vocab_size=int(model.get_output_embeddings().weight.shape[0]),
-        context_length=_context_length(model.config),
+        context_length=context_length(model.config),
         eos_token_ids=_eos_ids(model, tokenizer),
-        draft_head=None if draft_vocab is None else build_head(model, draft_vocab, cpu_linear),
-        decoder=decoder,
+        draft_head=None if draft_vocab is None else build_head(model, draft_vocab),
     )
 
 
@@ -127,8 +100,6 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     draft_vocab: bool = True,
-    cpu_linear: bool | None = None,
-    compiled: bool = False,
 ) -> LoadedModel:
     """AutoModelForCausalLM + AutoTokenizer from a local directory (never the hub).
 
@@ -136,9 +107,6 @@ def load_model(
     "bfloat16") to bf16 on CUDA, fp32 on CPU.
     A `draft_vocab.json` in the directory gives the model a reduced drafting head (used when
     it drafts, never when it is the target); draft_vocab=False ignores that file.
-    cpu_linear=False keeps torch's own nn.Linear forward, True forces the weight-major one,
-    None (the default) measures which is faster here (see cpu_linear.py), on the products
-    of the compiled step where `compiled` says its steps are to be compiled (wrap_model).
     """
     dev = torch.device(device) if device is not None else default_device()
     if dtype is None:
@@ -153,7 +121,7 @@ def load_model(
     model.to(dev)
     model.requires_grad_(False)
     vocab = read_draft_vocab(path) if draft_vocab else None
-    return wrap_model(model, tokenizer, str(path), dev, vocab, cpu_linear, compiled=compiled)
+    return wrap_model(model, tokenizer, str(path), dev, vocab)
 
 
 def check_pair(target: LoadedModel, draft: LoadedModel) -> None:

@@ -13,7 +13,7 @@ from typing import TypeVar
 from gateway.database import AuditWriter, Database
 from gateway.database.audit.witness import Witness
 from gateway.database.base import Timeouts
-from gateway.engine import init_torch_thread, keep_verdicts
+from gateway.engine import init_torch_thread
 from gateway.engine.models import default_device, serving_threads
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
@@ -27,7 +27,7 @@ from gateway.serving.checkpoints import (
 from gateway.serving.cost_store import CostStore
 from gateway.serving.decisions import PolicyService
 from gateway.serving.generation import GenerationService, Pipeline
-from gateway.serving.models import ModelPool
+from gateway.serving.models import ModelPool, PoolOptions
 from gateway.serving.oidc import OidcConfig, OidcVerifier
 from gateway.serving.ratelimit import Limiter, Limits, RateLimiter
 from gateway.serving.ratelimit_redis import RedisRateLimiter
@@ -37,6 +37,7 @@ from gateway.serving.rollouts import RolloutAdmin, RolloutTraffic, RolloutView
 from gateway.serving.tracing import Tracing
 from gateway.serving.worker import InferenceWorker, WorkerOptions, batch_rows
 from gateway.settings import Settings
+from gateway.speed import keep_verdicts
 
 T = TypeVar("T")
 
@@ -166,13 +167,21 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         return batch_rows(settings.max_batch, settings.kv_budget_tokens, context)
 
     pool = ModelPool.from_manifest(
-        settings.models, settings.device, settings.dtype, worker.call,
-        probe_rows=settings.max_batch if settings.measure_costs else 0,
-        compile_rows=compile_rows, cpu_linear=cpu_linear,
-        compile_mode=compile_mode, graphs_mode=_graphs_mode(settings.cuda_graphs),
-        compile_store=compile_store, compile_helper=settings.compile_helper,
-        prefill_chunk=settings.prefill_chunk,
-    )  # fmt: skip
+        settings.models,
+        worker.call,
+        PoolOptions(
+            device=settings.device,
+            dtype=settings.dtype,
+            probe_rows=settings.max_batch if settings.measure_costs else 0,
+            compile_rows=compile_rows,
+            cpu_linear=cpu_linear,
+            compile_mode=compile_mode,
+            graphs_mode=_graphs_mode(settings.cuda_graphs),
+            compile_store=compile_store,
+            compile_helper=settings.compile_helper,
+            prefill_chunk=settings.prefill_chunk,
+        ),
+    )
     pool.verified = Path(settings.var_dir) / "verified-weights.json"
     pool.costs = CostStore(Path(settings.var_dir) / "forward-costs.json")
     await pool.load_targets()

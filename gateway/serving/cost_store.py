@@ -6,7 +6,7 @@ CPU that is most of the start. The timings depend on the model's weights and for
 strategy and on the machine, not on anything a restart changes, so they are kept in the var
 dir (``forward-costs.json``) under a key naming all of those: the weights' checksum, device,
 dtype, the rows probed, the compiled kinds and lean decoder, the torch version, and the
-machine as compiled steps and linear verdicts name it (engine/cpu_linear.py
+machine as compiled steps and linear verdicts name it (speed/cpu_linear.py
 `machine_identity`: CPU model and capability, cores, threads). A start with the same key
 adopts them instead of probing; any difference probes again. They are a starting point
 either way: the batch goes on observing every real forward and follows the machine's actual
@@ -21,20 +21,18 @@ from pathlib import Path
 import torch
 
 from gateway.engine import ForwardCosts, LoadedModel
-from gateway.engine.cpu_linear import machine_identity
+from gateway.speed.cpu_linear import machine_identity
 from models_registry.manifest import ModelEntry
 
 
 def cost_key(entry: ModelEntry, lm: LoadedModel, rows: int, options: str = "") -> str:
     """What the timings of ``lm``'s forwards for up to ``rows`` rows depend on.
     ``options``: the pool's settings that change the forward (e.g. its CPU linear form)."""
-    compiled = lm.compiled
+    fast = lm.fast.describe() if lm.fast is not None else {"compiled": None, "decoder": None}
     return json.dumps({
         "weights": entry.sha256, "model": entry.key, "device": str(lm.device),
         "dtype": str(next(lm.model.parameters()).dtype), "rows": rows,
-        "compiled": sorted(compiled.kinds) if compiled is not None else None,
-        "decoder": type(lm.decoder).__name__ if lm.decoder is not None else None,
-        "options": options, "torch": torch.__version__, "machine": machine_identity(),
+        **fast, "options": options, "torch": torch.__version__, "machine": machine_identity(),
     }, sort_keys=True)  # fmt: skip
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -25,24 +24,20 @@ from gateway.engine import (
     LoadedModel,
     UnsupportedModel,
     check_pair,
-    load_model,
-    precompile,
 )
 from gateway.engine.batch.slots import PREFILL_CHUNK
-from gateway.engine.compiled import Later, compiled_model, stored
 from gateway.serving.cost_store import CostStore, cost_key
 from gateway.serving.errors import GatewayError
+from gateway.speed import load_fast, precompile
+from gateway.speed.fast import compiled_of
+from gateway.speed.kinds import Later
+from gateway.speed.startup import HELPER_TIMEOUT, SHARED, plan_helper
+from gateway.speed.warmup import compiled_model
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
 
 log = logging.getLogger("gateway.models")
 
 Runner = Callable[[Callable[[], Any]], Awaitable[Any]]
-
-HELPER_TIMEOUT = 1800.0  # seconds a compile helper may take before it is killed
-SHARED = ("BxN",)  # the first target's kinds the helper compiles too: several rows x several
-# tokens, the costliest after the first kind (15 of the demo target's 53 s; with the draft's
-# 18.5 s the helper's share is about 33 s against the gateway's 40). Where the helper's
-# share comes out longer, the gateway takes its last kinds (precompile.Helper.take_last).
 
 
 @dataclass(frozen=True)
@@ -51,48 +46,58 @@ class DraftHandle:
     model: LoadedModel
 
 
+@dataclass(frozen=True)
+class PoolOptions:
+    """How the pool loads its models (the gateway's settings, serving/__init__.py)."""
+
+    device: str | None = None
+    """torch device (GATEWAY_DEVICE); None: CUDA when present, else the CPU."""
+    dtype: str | None = None
+    """Model dtype (GATEWAY_DTYPE); None: fp32 on the CPU, bf16 on CUDA."""
+    probe_rows: int = 0
+    """> 0: time each model's forwards for batches of up to that many rows when it loads
+    (Engine.measure_costs), so the cost model starts from measurements."""
+    compile_rows: Callable[[int], int] | None = None
+    """The rows of a target's batch, from its context length: what its steps are compiled
+    for (a draft's slots are as many as its target's rows)."""
+    cpu_linear: bool | None = None
+    """The CPU linear form (speed/cpu_linear.py); None: measured at load."""
+    compile_mode: str = "off"
+    """GATEWAY_COMPILE: on or auto compiles the batch path's steps (speed/compiled.py);
+    auto then serves compiled only the kinds of step that measured faster. Either way
+    every draft of the manifest loads at start too, since compiling later would stall the
+    inference thread."""
+    graphs_mode: str = "off"
+    """GATEWAY_CUDA_GRAPHS, for a model on CUDA: pad its steps to buckets and replay them
+    as captured graphs (speed/graphs.py); on, auto or off as compile_mode."""
+    compile_store: Path | None = None
+    """Where compiled steps are kept for the next start (speed/store.py)."""
+    compile_helper: bool = False
+    """GATEWAY_COMPILE_HELPER, with a store: at start, a helper process compiles the other
+    models and one kind of the first target while the first compiles here
+    (speed/precompile.py)."""
+    prefill_chunk: int = PREFILL_CHUNK
+    """GATEWAY_PREFILL_CHUNK: steps are compiled for the slot buffers such a batch
+    allocates (speed/store.py `batch_buffers`)."""
+
+
 class ModelPool:
     def __init__(
-        self,
-        manifest: Manifest,
-        device: str | None,
-        dtype: str | None,
-        runner: Runner,
-        probe_rows: int = 0,
-        compile_rows: Callable[[int], int] | None = None,
-        cpu_linear: bool | None = None,
-        compile_mode: str = "off",
-        graphs_mode: str = "off",
-        compile_store: Path | None = None,
-        compile_helper: bool = False,
-        prefill_chunk: int = PREFILL_CHUNK,
+        self, manifest: Manifest, runner: Runner, options: PoolOptions | None = None
     ) -> None:
-        """probe_rows > 0: time each model's forwards for batches of up to that many rows
-        when it loads (Engine.measure_costs), so the cost model starts from measurements.
-        compile_mode (GATEWAY_COMPILE) on or auto: compile the batch path's forwards
-        (engine/compiled.py) for batches of compile_rows(context length) rows; graphs_mode
-        (GATEWAY_CUDA_GRAPHS) on or auto, for a model on CUDA: pad its steps to buckets
-        and replay them as captured graphs (engine/graphs.py). Either way every draft of
-        the manifest then loads at start too, since compiling later would stall the
-        inference thread. auto: serve fast only the kinds of step that measured faster
-        (engine/compiled.py, measure_kinds). compile_store: where compiled steps are kept
-        for the next start (engine/compiled.py, Precompiled). compile_helper
-        (GATEWAY_COMPILE_HELPER), with a store: at start, a helper process compiles the
-        other models and one kind of the first target while the first compiles here
-        (engine/precompile.py; `_compile_alongside`). prefill_chunk: the batches'
-        (GATEWAY_PREFILL_CHUNK): steps are compiled for the slot buffers such a batch
-        allocates (engine/compiled.py `batch_buffers`)."""
+        o = options or PoolOptions()
         self.manifest = manifest
-        self.device = device
-        self.dtype = dtype
+        self.options = o
+        self.device = o.device
+        self.dtype = o.dtype
         self._run = runner
-        self.probe_rows = probe_rows
-        self.compile_rows = compile_rows
-        self.compile_mode = compile_mode
-        self.graphs_mode = graphs_mode
-        self.compile_store = compile_store
-        self.compile_helper = compile_helper
-        self.prefill_chunk = prefill_chunk
+        self.probe_rows = o.probe_rows
+        self.compile_rows = o.compile_rows
+        self.compile_mode = o.compile_mode
+        self.graphs_mode = o.graphs_mode
+        self.compile_store = o.compile_store
+        self.compile_helper = o.compile_helper
+        self.prefill_chunk = o.prefill_chunk
         # Weights already hashed to their manifest checksum, by their files' stats
         # (models_registry verify_sha256): a restart does not read unchanged shards again.
         # None: every load hashes.
@@ -102,7 +107,7 @@ class ModelPool:
         self.costs: CostStore | None = None
         self._preloaded: dict[tuple[str, str], LoadedModel] = {}  # loaded, not yet served
         self._then: Later | None = None  # the next compile's kinds to leave to the helper
-        self.cpu_linear = cpu_linear  # None: measured at load (engine/cpu_linear.py)
+        self.cpu_linear = o.cpu_linear  # None: measured at load (speed/cpu_linear.py)
         self._started = False
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
         self._drafts: dict[tuple[str, str], DraftHandle] = {}
@@ -110,19 +115,11 @@ class ModelPool:
 
     @classmethod
     def from_manifest(
-        cls, path: str, device: str | None, dtype: str | None, runner: Runner,
-        probe_rows: int = 0, compile_rows: Callable[[int], int] | None = None,
-        cpu_linear: bool | None = None, compile_mode: str = "off", graphs_mode: str = "off",
-        compile_store: Path | None = None, compile_helper: bool = False,
-        prefill_chunk: int = PREFILL_CHUNK,
-    ) -> ModelPool:  # fmt: skip
+        cls, path: str, runner: Runner, options: PoolOptions | None = None
+    ) -> ModelPool:
         if not Path(path).exists():
             raise FileNotFoundError(f"model manifest not found: {path} (set GATEWAY_MODELS)")
-        manifest = load_manifest(path)
-        return cls(
-            manifest, device, dtype, runner, probe_rows, compile_rows, cpu_linear, compile_mode,
-            graphs_mode, compile_store, compile_helper, prefill_chunk,
-        )  # fmt: skip
+        return cls(load_manifest(path), runner, options)
 
     async def load_targets(self) -> None:
         """Load every target (and, when compiling or capturing, every draft) before serving."""
@@ -155,7 +152,7 @@ class ModelPool:
         """Load every target and its drafts now (each model's linear forward decided here),
         then, when the first target has steps to compile on a CPU, start a helper process
         that compiles the other models' missing steps into the store meanwhile
-        (engine/precompile.py); `load_targets` waits for it once the first target is
+        (speed/precompile.py); `load_targets` waits for it once the first target is
         compiled, and compiling the others loads what it saved. None: no helper (a restart,
         whose steps are all stored, would only pay its start; a GPU would hold every
         model twice; or planning it failed: everything compiles here, as without it)."""
@@ -181,30 +178,9 @@ class ModelPool:
     ) -> precompile.Helper | None:
         """The helper for `models` (every target, each followed by its drafts) but the
         first, or None when it would not overlap anything (see `_compile_alongside`)."""
-        compile_rows = self.compile_rows
-        if compile_rows is None or (os.cpu_count() or 1) < 2:
+        if self.compile_rows is None or not all(self._fast(m)[0] for m, _ in models):
             return None
-        if any(m.device.type != "cpu" or not self._fast(m)[0] for m, _ in models):
-            return None
-        jobs: list[precompile.Job] = []
-        mine: list[LoadedModel | None] = []  # a job whose kinds this process may take
-        chunk = self.prefill_chunk
-        rows, busy = 0, False  # busy: the first target has steps to compile here
-        for i, (model, draft) in enumerate(models):
-            if not draft:  # a draft is compiled for its target's rows
-                rows = compile_rows(model.context_length)
-            if stored(model, rows, draft, store, prefill_chunk=chunk):
-                continue
-            if i == 0:
-                busy = True
-                shared = frozenset(SHARED)
-                if rows >= 2 and not stored(model, rows, draft, store, shared, chunk):
-                    jobs.append(precompile.Job.of(model, rows, draft, chunk, SHARED))
-                    mine.append(None)  # the kinds this process waits for: never taken
-            else:
-                jobs.append(precompile.Job.of(model, rows, draft, chunk))
-                mine.append(model)
-        return precompile.start(jobs, store, models=mine) if busy and jobs else None
+        return plan_helper(models, store, self.compile_rows, self.prefill_chunk)
 
     async def _preload(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
         await asyncio.to_thread(verify_sha256, entry, self.verified)
@@ -221,7 +197,7 @@ class ModelPool:
                 from gateway.engine.backends.loading import load
 
                 return load(str(entry.path), entry.backend, self.device)
-            return load_model(
+            return load_fast(
                 str(entry.path), self.device, self.dtype, draft_vocab, self.cpu_linear,
                 compiled=self.compile_mode != "off",
             )  # fmt: skip
@@ -279,7 +255,7 @@ class ModelPool:
     ) -> LoadedModel:
         """`model` compiled for its target's batch: `context` is the target's context length,
         which sets the batch's rows (a draft's slots are as many as its target's rows; the
-        step takes the slot buffers' sizes as constants, engine/compiled.py
+        step takes the slot buffers' sizes as constants, speed/compiled.py
         `batch_buffers`, so the count must match)."""
         inductor, graphs = self._fast(model)
         if not (inductor or graphs) or self.compile_rows is None:
@@ -311,12 +287,13 @@ class ModelPool:
         how = " and ".join(
             w for w, on in (("compiled", inductor), ("captured as CUDA graphs", graphs)) if on
         )
-        if fast.compiled is None:
+        done = compiled_of(fast)
+        if done is None:
             log.info("%s v%s runs eager: no kind of step measured faster %s (%.1f s)",
                      entry.name, entry.version, how, seconds)  # fmt: skip
         else:
             log.info("%s v%s %s for %d rows (%s) in %.1f s", entry.name, entry.version, how,
-                     rows, ", ".join(sorted(fast.compiled.kinds)), seconds)  # fmt: skip
+                     rows, ", ".join(sorted(done.kinds)), seconds)  # fmt: skip
         return fast
 
     def _probe(self, engine: Engine, draft: LoadedModel | None, entry: ModelEntry) -> None:

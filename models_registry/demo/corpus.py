@@ -11,6 +11,9 @@ import hashlib
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 HELD_OUT_PERCENT = 5
 EXCLUDED_PARTS = {"test", "tests", "site-packages", "idle_test", "__pycache__"}
@@ -46,3 +49,17 @@ def load_corpus(root: Path | None = None) -> tuple[list[CorpusFile], list[Corpus
         item = CorpusFile(str(rel), text)
         (held if is_held_out(item.relpath) else train).append(item)
     return train, held
+
+
+EOS = "<|endoftext|>"
+"""The demo tokenizer's end of text, appended after each file by `encode`."""
+
+
+def encode(tok: Any, texts: list[str]) -> np.ndarray:
+    """The texts as one id array, EOS after each (the recipe's encoding)."""
+    eos = int(tok.convert_tokens_to_ids(EOS))  # type: ignore[arg-type]
+    ids: list[int] = []
+    for enc in tok.backend_tokenizer.encode_batch(texts):
+        ids.extend(enc.ids)
+        ids.append(eos)
+    return np.asarray(ids, dtype=np.uint16)

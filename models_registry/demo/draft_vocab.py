@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
-from models_registry.demo.corpus import load_corpus
+from models_registry.demo.corpus import encode, load_corpus
 
 DEFAULT_SIZE = 3072
 FILE = "draft_vocab.json"
@@ -46,7 +46,6 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path("models_registry/demo"))
     args = ap.parse_args()
     drafts = sorted(p for p in args.dir.glob("demo-code-draft-v*") if p.is_dir())
-    from models_registry.demo.train import encode  # the recipe's encoding: EOS after each file
 
     tok = PreTrainedTokenizerFast.from_pretrained(drafts[0], local_files_only=True)
     train, _ = load_corpus()

@@ -31,9 +31,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from models_registry.demo import draft_vocab
-from models_registry.demo.corpus import load_corpus
+from models_registry.demo.corpus import EOS, encode, load_corpus
 
-EOS = "<|endoftext|>"
 SPECIALS = [EOS, "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text()
 """ChatML with tool roles: tools in the system turn, calls as <tool_call> blocks (the syntax
@@ -75,15 +74,6 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
-
-
-def encode(tok: PreTrainedTokenizerFast, texts: list[str]) -> np.ndarray:
-    eos = int(tok.convert_tokens_to_ids(EOS))  # type: ignore[arg-type]
-    ids: list[int] = []
-    for enc in tok.backend_tokenizer.encode_batch(texts):
-        ids.extend(enc.ids)
-        ids.append(eos)
-    return np.asarray(ids, dtype=np.uint16)
 
 
 # 2. Models and batches ----------------------------------------------------------------------

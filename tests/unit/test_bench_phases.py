@@ -51,9 +51,9 @@ def test_nested_phases_are_exclusive_and_add_up_to_the_outer_call(monkeypatch) -
 
 
 def test_a_compiled_steps_outer_head_counts_as_target_compute(monkeypatch) -> None:
-    """The output head a compiled several-token step leaves to batch/forward.py is the
-    target's compute, not the forward's preparation (it was, until the profile wrapped it)."""
-    from gateway.engine.batch import forward
+    """The output head a compiled several-token step leaves to its caller (speed/steps.py)
+    is the target's compute, not the forward's preparation."""
+    from gateway.speed import steps
 
     for owner, attr, _ in _phases.targets():  # undone after the test
         monkeypatch.setattr(owner, attr, getattr(owner, attr))
@@ -69,7 +69,7 @@ def test_a_compiled_steps_outer_head_counts_as_target_compute(monkeypatch) -> No
 
     def prep() -> None:
         clock.spend(0.001)
-        forward._outer_head(head, torch.zeros(1, 3, 2), range(1), [3], False)
+        steps._outer_head(head, torch.zeros(1, 3, 2), range(1), [3], False)
 
     _phases._wrap("forward_prep", prep)()
     s = _phases.difference(_phases.snapshot(), before)["seconds"]

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 
 from gateway.engine.backends.base import slot_cache
-from gateway.engine.batch.forward import batched_forward
-from gateway.engine.models import LoadedModel, cache_kwarg
+from gateway.engine.batch.forward import Step, batched_forward
+from gateway.engine.models import LoadedModel
 
 WEIGHT = 0.2  # EWMA weight of a new observation
 OVERHEAD_CAP = 4.0  # a step's overhead sample counts at most this many times the mean
@@ -163,24 +163,24 @@ def probe(
     """Time forwards of rows x tokens for row buckets up to `max_rows` on a scratch slot
     cache holding `context` tokens per row (median of `repeats` after one warm-up)."""
     costs = ForwardCosts()
-    model, kwarg, dev = lm.model, cache_kwarg(lm.model), lm.device
+    model, dev = lm.model, lm.device
     context = max(1, min(context, lm.context_length - max(tokens)))
     buckets = sorted({row_bucket(r) for r in range(1, max_rows + 1)})
-    fast = lm.compiled
-    if fast is None or fast.buffers is None:
+    # The batch's own buffers where its faster forward was built for them.
+    cache = (
+        lm.fast.slot_cache(int(model.config.num_hidden_layers), lm.context_length)
+        if (lm.fast is not None)
+        else None
+    )
+    if cache is None:
         cache = slot_cache(model, buckets[-1], context + max(tokens))
-    else:  # the batch's own buffers: the compiled step takes their sizes as constants
-        cache = fast.slot_cache(int(model.config.num_hidden_layers), lm.context_length)
     # A bucket past the cache's slots (6 rows: bucket 8) is timed at the rows it has.
     rows_list = sorted({min(b, cache.slots) for b in buckets})
     top = rows_list[-1]
     slots = [cache.take() for _ in range(top)]
     fill = [[(7 * i + j) % lm.vocab_size for j in range(context)] for i in range(top)]
     with torch.inference_mode():
-        batched_forward(
-            model, kwarg, cache, slots, fill, dev, keep_last=True, compiled=lm.compiled,
-            decoder=lm.decoder,
-        )  # fmt: skip
+        batched_forward(model, Step(cache, slots, fill, keep_last=True), lm.fast)
         for s in slots:
             cache.length[s] = context
         shapes = [(rows, t) for rows in rows_list for t in tokens]
@@ -189,10 +189,7 @@ def probe(
             for rows, t in shapes:
                 feed = [[1 + (r + j) % (lm.vocab_size - 1) for j in range(t)] for r in range(rows)]
                 t0 = time.perf_counter()
-                batched_forward(
-                    model, kwarg, cache, slots[:rows], feed, dev, compiled=lm.compiled,
-                    decoder=lm.decoder,
-                )  # fmt: skip
+                batched_forward(model, Step(cache, slots[:rows], feed), lm.fast)
                 sync(dev)
                 times[(rows, t)].append(time.perf_counter() - t0)
         for (rows, t), spent in times.items():

@@ -33,10 +33,10 @@ import torch
 
 from gateway.engine.backends.base import slot_cache
 from gateway.engine.batch.costs import ForwardCosts
-from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.batch.prefix import PrefixCache
 from gateway.engine.batch.slots import SlotCache
-from gateway.engine.models import LoadedModel, cache_kwarg
+from gateway.engine.models import LoadedModel
 from gateway.engine.proposers.base import Proposal
 from gateway.engine.proposers.draft_model import DraftModelProposer
 
@@ -66,7 +66,6 @@ class DraftBatch:
         self.costs = ForwardCosts() if costs is None else costs  # observed on every step
         pad = max(pad, SHORT_FEED)
         self.cache = slot_cache(draft.model, max_rows, draft.context_length, pad=pad)
-        self._kwarg = cache_kwarg(draft.model)
         self.members: dict[int, SlotKV] = {}  # id(proposer) -> its slot
         self.prefixes = PrefixCache(self.cache)  # prompt prefixes kept in free draft slots
         self.forwards = 0
@@ -105,12 +104,9 @@ class DraftBatch:
         # same (one small product on the last position), so that a short chunk runs the
         # compiled drafting step, which is built with the head inside.
         head = self.draft.draft_head
-        batched_forward(
-            self.draft.model, self._kwarg, self.cache,
-            [self.members[id(p)].slot for p, _ in fits], [ids for _, ids in fits],
-            self.draft.device, keep_last=True, backbone=head is None, head=head,
-            compiled=self.draft.compiled, decoder=self.draft.decoder,
-        )  # fmt: skip
+        slots = [self.members[id(p)].slot for p, _ in fits]
+        step = Step(self.cache, slots, [ids for _, ids in fits], True, head is None, head)
+        batched_forward(self.draft.model, step, self.draft.fast)
         spent = time.perf_counter() - t0
         for p, ids in fits:
             self.cache.length[self.members[id(p)].slot] += len(ids)
@@ -167,18 +163,8 @@ class DraftBatch:
         t0 = time.perf_counter()
         d = self.draft
         slots = [self.members[id(p)].slot for p in props]
-        out = batched_forward(
-            d.model,
-            self._kwarg,
-            self.cache,
-            slots,
-            feeds,
-            d.device,
-            keep_last=True,
-            compiled=d.compiled,
-            decoder=d.decoder,
-            head=d.draft_head,
-        )  # fmt: skip  [(1, V)]
+        step = Step(self.cache, slots, feeds, keep_last=True, head=d.draft_head)
+        out = batched_forward(d.model, step, d.fast)  # [(1, V)]
         spent = time.perf_counter() - t0
         self.costs.observe(len(props), max(len(f) for f in feeds), spent)
         for p, s, feed in zip(props, slots, feeds, strict=True):

@@ -40,7 +40,7 @@ import torch
 from gateway.engine.backends.base import slot_cache
 from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.drafting import DraftBatch
-from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.batch.kchoice import choose_batch_k, explore_offset
 from gateway.engine.batch.prefix import PrefixCache
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK, slot_pad
@@ -55,7 +55,7 @@ from gateway.engine.loop import (
     plan_masks,
     settle_step,
 )
-from gateway.engine.models import LoadedModel, cache_kwarg
+from gateway.engine.models import LoadedModel
 from gateway.engine.proposers.base import Proposal
 from gateway.engine.proposers.draft_model import DraftModelProposer
 from gateway.engine.schema import Delta, Finished
@@ -115,12 +115,10 @@ class Batch:
         self.prefill_budget = max(prefill_chunk, prefill_budget)
         if prefill_chunk < 1:
             raise ValueError(f"a prefill chunk is at least one token, got {prefill_chunk}")
-        # The buffers' shape: a compiled step is built for it (engine/compiled.py,
-        # batch_buffers; the gateway compiles with this chunk's pad).
+        # The buffers' shape follows the chunk (a faster forward may be built for it).
         self.pad = slot_pad(prefill_chunk)
         self.cache = slot_cache(target.model, max_rows, target.context_length, pad=self.pad)
         self.prefixes = PrefixCache(self.cache)  # prompt prefixes kept in free slots
-        self._kwarg = cache_kwarg(target.model)
         self.rows: list[Row] = []
         self.drafts: dict[int, DraftBatch] = {}  # id(draft model) -> its shared draft slots
         # Measured forward costs by id(model), shared with the engine (batch/costs.py): every
@@ -294,11 +292,9 @@ class Batch:
             if left - len(chunk) <= self.prefill_chunk // TAIL and left <= self.prefill_budget:
                 group[0] = (row, row.ctx[row.prefilled : row.prefilled + left])
         t0 = time.perf_counter()
-        batched_forward(
-            self.target.model, self._kwarg, self.cache, [r.slot for r, _ in group],
-            [c for _, c in group], self.target.device, keep_last=True,
-            compiled=self.target.compiled, decoder=self.target.decoder,
-        )  # fmt: skip
+        slots, chunks = [r.slot for r, _ in group], [c for _, c in group]
+        batched_forward(self.target.model, Step(self.cache, slots, chunks, keep_last=True),
+                        self.target.fast)  # fmt: skip
         self.forwards += 1
         drafts: dict[int, list[tuple[DraftModelProposer, list[int]]]] = {}
         for row, chunk in group:
@@ -375,15 +371,8 @@ class Batch:
         feeds = [[row.ctx[-1], *plan.draft] for row, plan in plans]
         slots = [row.slot for row, _ in plans]
         logits = batched_forward(
-            self.target.model,
-            self._kwarg,
-            self.cache,
-            slots,
-            feeds,
-            self.target.device,
-            compiled=self.target.compiled,
-            decoder=self.target.decoder,
-        )  # fmt: skip  [(n_r + 1, V)]
+            self.target.model, Step(self.cache, slots, feeds), self.target.fast
+        )  # [(n_r + 1, V)]
         spent = time.perf_counter() - t0
         self._forward_s += spent
         self.forwards += 1

@@ -11,8 +11,8 @@ row's positions up to itself, so:
   are never attended and are overwritten by the next forward): no cropping, no copies;
 - a row joins by taking a free slot and leaves by freeing it.
 
-This is the layout a compiled step can follow: the buffers are pre-allocated and the
-shapes of a step are (rows, tokens) with rows <= slots.
+The buffers are pre-allocated and a step's shapes are (rows, tokens) with rows <= slots:
+a layout that a faster forward built for fixed buffer sizes can follow too (gateway/speed).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ PREFILL_BUDGET = 512  # prompt tokens a step's prefill forward feeds at most, al
 def slot_pad(prefill_chunk: int = PREFILL_CHUNK) -> int:
     """Positions past a slot's capacity where a padded row's filler may land: a step
     right-pads rows to the longest feed (1 + k <= 1 + MAX_K, or a prefill chunk). Never
-    under the default chunk's, so a smaller chunk keeps the buffers a compiled step was
-    built for (engine/compiled.py `batch_buffers`)."""
+    under the default chunk's, so that a smaller chunk keeps the buffers' shape (which a
+    faster forward may be built for, gateway/speed)."""
     return max(MAX_K + 1, prefill_chunk, PREFILL_CHUNK)
 
 
@@ -150,8 +150,8 @@ class SlotCache(Cache):
 
     def buffers(self) -> Buffers:
         """Every layer's key and value buffers (slots, kv_heads, capacity + pad, D); listed
-        once, since they never move after the first forward (a compiled step asks for them
-        on every forward)."""
+        once, since they never move after the first forward (a faster forward may ask for
+        them on every step)."""
         buffers = self._buffers
         if buffers is None:
             layers = [layer for layer in self.layers if isinstance(layer, SlotLayer)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.engine import cpu_linear
+from gateway.speed import cpu_linear
 from tests.integration.service.harness import running_gateway, sqlite_gateway
 
 

@@ -11,49 +11,32 @@ only come at an exact near-tie; tiny random models have none at these lengths.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from gateway.engine import (
     DecodeRequest,
-    DecodeResult,
     Engine,
     LoadedModel,
     SamplingParams,
     TokenSequencesGrammar,
-    wrap_model,
 )
-from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.batch.slots import SlotCache
-from gateway.engine.models import cache_kwarg
 from gateway.engine.schema import Finished
-
-from .conftest import CONTEXT
-
-PROMPTS = [(10, 20, 30, 40, 50), (7,), (3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8), (11, 12, 11, 12, 11)]
-
-
-def _shape(vocab: int, eos: int) -> dict[str, int | float]:
-    return {
-        "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": CONTEXT,
-        "initializer_range": 0.1, "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos,
-    }  # fmt: skip
-
-
-def _qwen2(vocab: int, eos: int) -> Qwen2ForCausalLM:
-    torch.manual_seed(4)
-    cfg = Qwen2Config(**_shape(vocab, eos))
-    return Qwen2ForCausalLM(cfg)
-
-
-def _mistral(vocab: int, eos: int) -> MistralForCausalLM:
-    torch.manual_seed(5)
-    cfg = MistralConfig(**_shape(vocab, eos), sliding_window=16)
-    return MistralForCausalLM(cfg)
+from gateway.speed import wrap_fast
+from tests.support.batch import (
+    PROMPTS,
+    Job,
+    draft_jobs,
+    drive,
+    greedy,
+    mistral,
+    mixed_jobs,
+    qwen2,
+    run_batch,
+)
+from tests.support.models import CONTEXT
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "mistral", "gpt2"])
@@ -63,58 +46,8 @@ def target(request, llama_lm, gpt2_lm, tokenizer) -> LoadedModel:
         return llama_lm
     if request.param == "gpt2":
         return gpt2_lm
-    build = _qwen2 if request.param == "qwen2" else _mistral
-    return wrap_model(build(vocab, eos).eval(), tokenizer)
-
-
-@dataclass
-class Job:
-    join_at: int  # the batch step before which it joins
-    req: DecodeRequest
-    draft: LoadedModel | None = None
-
-
-def drive(batch, engine: Engine, jobs: list[Job]) -> list[DecodeResult]:  # type: ignore[no-untyped-def]
-    """Step `batch` until every job (joining at its step) has finished; results in order."""
-    rows, results, step = {}, {}, 0
-    while len(results) < len(jobs):
-        for i, job in enumerate(jobs):
-            if job.join_at == step:
-                rows[id(batch.add(engine.prepare(job.req, job.draft)))] = i
-        for row, events in batch.step():
-            for e in events:
-                assert not isinstance(e, Exception), e
-                if isinstance(e, Finished):
-                    results[rows[id(row)]] = e.result
-        step += 1
-        assert step < 2000, "the batch did not finish"
-    return [results[i] for i in range(len(jobs))]
-
-
-def run_batch(engine: Engine, jobs: list[Job], max_rows: int = 8) -> list[DecodeResult]:
-    batch = engine.batch(max_rows)
-    out = drive(batch, engine, jobs)
-    if len(jobs) > 1:  # the rows really shared forwards
-        assert batch.forwards < sum(r.stats.target_forwards for r in out)
-    return out
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=n)
-
-
-def mixed_jobs(engine: Engine, draft: LoadedModel) -> list[Job]:
-    words = ["def add(a, b):", "return a + b", "return None", "for i in"]
-    seqs = [engine.tokenizer(w, add_special_tokens=False)["input_ids"] for w in words]
-    spec = {"mode": "speculative", "k_min": 1, "k_max": 5}
-    return [
-        Job(0, DecodeRequest(PROMPTS[0], greedy(20))),
-        Job(0, DecodeRequest(PROMPTS[1], greedy(30), proposer="draft", **spec), draft),
-        Job(1, DecodeRequest(PROMPTS[2], greedy(12), proposer="prompt_lookup", **spec)),
-        Job(3, DecodeRequest(PROMPTS[3], greedy(25), grammar=TokenSequencesGrammar(seqs, True))),
-        Job(3, DecodeRequest(PROMPTS[0], greedy(8), proposer="draft", **spec), draft),
-        Job(9, DecodeRequest(PROMPTS[2], greedy(16))),
-    ]
+    build = qwen2 if request.param == "qwen2" else mistral
+    return wrap_fast(build(vocab, eos).eval(), tokenizer)
 
 
 def test_a_mixed_batch_gives_every_row_its_alone_output(target, draft_lm) -> None:
@@ -257,29 +190,20 @@ def test_arrivals_prefill_together_within_the_budget(llama_lm, budget, prefilled
 
 def test_the_shared_forward_matches_single_forwards(target) -> None:
     """Rows of different lengths, one of them feeding fewer tokens, in one forward."""
-    model, kwarg = target.model, cache_kwarg(target.model)
+    model = target.model
     seqs = [list(p) for p in PROMPTS if len(p) > 2]
     cache = SlotCache(int(model.config.num_hidden_layers), 4, CONTEXT)
     slots = [cache.take() for _ in seqs]
     with torch.inference_mode():
         for s, seq in zip(slots, seqs, strict=True):
-            batched_forward(model, kwarg, cache, [s], [seq[:-2]], target.device)
+            batched_forward(model, Step(cache, [s], [seq[:-2]]))
             cache.length[s] = len(seq) - 2
         feeds = [seq[-2:] for seq in seqs]
         feeds[1] = feeds[1][:1]
-        got = batched_forward(model, kwarg, cache, slots, feeds, target.device)
+        got = batched_forward(model, Step(cache, slots, feeds))
         for seq, feed, logits in zip(seqs, feeds, got, strict=True):
             full = model(input_ids=torch.tensor([seq[: len(seq) - 2 + len(feed)]])).logits[0]
             torch.testing.assert_close(logits, full[-len(feed) :], rtol=1e-5, atol=1e-5)
-
-
-def draft_jobs(draft: LoadedModel, k: int = 4) -> list[Job]:
-    spec = {"mode": "speculative", "proposer": "draft", "k_min": k, "k_max": k}
-    lengths = [18, 11, 25, 7, 14]
-    return [
-        Job(i // 2, DecodeRequest(p, greedy(lengths[i]), **spec), draft)
-        for i, p in enumerate([*PROMPTS, PROMPTS[2][:7]])
-    ]
 
 
 @pytest.mark.parametrize("head", [False, True], ids=["full_head", "reduced_head"])
@@ -291,7 +215,7 @@ def test_draft_rows_share_every_draft_forward_and_draft_what_they_draft_alone(
     draft = draft_lm
     if head:  # the same draft, drafting among half the vocabulary (batched head path)
         subset = list(range(0, len(tokenizer), 2))
-        draft = wrap_model(draft_lm.model, tokenizer, draft_vocab=subset)
+        draft = wrap_fast(draft_lm.model, tokenizer, draft_vocab=subset)
     engine = Engine(llama_lm)
     solo = [engine.run(j.req, j.draft) for j in draft_jobs(draft)]
     batch = engine.batch(8)
@@ -329,7 +253,7 @@ def test_an_idle_draft_cache_serves_the_next_wave_and_goes_when_another_draft_co
         assert [list(r.token_ids) for r in drive(batch, engine, draft_jobs(draft_lm))] == solo
         caches.append(batch.drafts[id(draft_lm)].cache)
     assert caches[0] is caches[1]
-    other = wrap_model(draft_lm.model, tokenizer, draft_vocab=list(range(0, len(tokenizer), 2)))
+    other = wrap_fast(draft_lm.model, tokenizer, draft_vocab=list(range(0, len(tokenizer), 2)))
     drive(batch, engine, draft_jobs(other))
     assert list(batch.drafts) == [id(other)]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 from gateway.engine import DecodeRequest, DecodeResult, Engine, Finished
-from tests.unit.engine.test_batch import PROMPTS, greedy, mixed_jobs
+from tests.support.batch import PROMPTS, greedy, mixed_jobs
 
 
 def test_held_rows_decode_exactly_what_they_decode_alone(llama_lm, draft_lm) -> None:

@@ -11,8 +11,7 @@ import pytest
 from gateway.engine import DecodeRequest, Engine, SamplingParams
 from gateway.engine.batch.costs import ForwardCosts, probe, row_bucket
 from gateway.engine.batch.kchoice import EXPLORE_EVERY, choose_batch_k, explore_offset
-
-from .test_batch import PROMPTS, Job, greedy, run_batch
+from tests.support.batch import PROMPTS, Job, greedy, run_batch
 
 
 def table(per_token: dict[int, float]) -> ForwardCosts:

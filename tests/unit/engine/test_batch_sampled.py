@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gateway.engine import DecodeRequest, Engine, SamplingParams, wrap_model
+from gateway.engine import DecodeRequest, Engine, SamplingParams
 from gateway.engine import loop as loop_module
 from gateway.engine.schema import Finished
 from gateway.engine.verifier import Verdict, verify_sampled
+from gateway.speed import wrap_fast
+from tests.support.models import llama
 
-from .conftest import llama
 from .test_draft_head import (
     EOS,
     PROMPT,
@@ -29,7 +30,7 @@ ROWS = 6  # measured rows per batch, beside two neighbours
 
 @pytest.fixture(scope="module")
 def eng() -> Engine:
-    return Engine(wrap_model(llama(VOCAB, EOS, seed=6, init=0.3), TOKENIZER))
+    return Engine(wrap_fast(llama(VOCAB, EOS, seed=6, init=0.3), TOKENIZER))
 
 
 def batched_first_token_counts(eng: Engine, draft) -> tuple[torch.Tensor, int, int]:

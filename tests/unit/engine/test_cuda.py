@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gateway.engine import DecodeRequest, Engine, SamplingParams, load_model
+from gateway.engine import DecodeRequest, Engine, SamplingParams
+from gateway.speed import load_fast
+from gateway.speed.fast import compiled_of
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -17,8 +19,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("proposer", ["draft", "prompt_lookup"])
 def test_greedy_spec_equals_standard_on_cuda(model_dirs, dtype, proposer) -> None:
-    target = load_model(model_dirs["llama"], device="cuda", dtype=dtype)
-    draft = load_model(model_dirs["draft"], device="cuda", dtype=dtype)
+    target = load_fast(model_dirs["llama"], device="cuda", dtype=dtype)
+    draft = load_fast(model_dirs["draft"], device="cuda", dtype=dtype)
     assert target.device.type == "cuda" and target.dtype == dtype
     eng = Engine(target)
     prompt = (10, 20, 30, 40, 50, 10, 20)
@@ -35,7 +37,7 @@ def test_greedy_spec_equals_standard_on_cuda(model_dirs, dtype, proposer) -> Non
 
 
 def test_default_dtype_on_cuda_is_bf16(model_dirs) -> None:
-    assert load_model(model_dirs["llama"]).dtype == torch.bfloat16
+    assert load_fast(model_dirs["llama"]).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -50,8 +52,8 @@ def test_reduced_draft_head_loads_and_drafts_on_cuda(model_dirs, dtype, tmp_path
     draft_dir = tmp_path / "draft"
     shutil.copytree(model_dirs["draft"], draft_dir)
     (draft_dir / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": list(range(0, 300, 2))}))
-    target = load_model(model_dirs["llama"], device="cuda", dtype=dtype)
-    draft = load_model(draft_dir, device="cuda", dtype=dtype)
+    target = load_fast(model_dirs["llama"], device="cuda", dtype=dtype)
+    draft = load_fast(draft_dir, device="cuda", dtype=dtype)
     assert draft.draft_head is not None and draft.draft_head.token_ids.device.type == "cuda"
     eng = Engine(target)
     sp = SamplingParams(temperature=0.0, max_tokens=30)
@@ -71,10 +73,10 @@ def test_reduced_draft_head_loads_and_drafts_on_cuda(model_dirs, dtype, tmp_path
 def test_a_mixed_batch_on_cuda_gives_every_row_its_alone_output(model_dirs) -> None:
     """The batch path on the GPU, fp32 (no half-precision ties): standard, draft-model and
     prompt-lookup rows joining at different steps; the forward costs probe runs too."""
-    from .test_batch import PROMPTS, Job, greedy, run_batch
+    from tests.support.batch import PROMPTS, Job, greedy, run_batch
 
-    target = load_model(model_dirs["llama"], device="cuda", dtype=torch.float32)
-    draft = load_model(model_dirs["draft"], device="cuda", dtype=torch.float32)
+    target = load_fast(model_dirs["llama"], device="cuda", dtype=torch.float32)
+    draft = load_fast(model_dirs["draft"], device="cuda", dtype=torch.float32)
     eng = Engine(target)
     costs = eng.measure_costs(4)
     assert costs.seconds(4, 3) is not None
@@ -94,20 +96,20 @@ def test_a_mixed_batch_on_cuda_gives_every_row_its_alone_output(model_dirs) -> N
 def test_the_compiled_step_on_cuda_decodes_what_eager_decodes(model_dirs) -> None:
     """The compiled batch step (engine/compiled.py) on the GPU, fp32: a mixed batch decodes
     token for token what the eager batch decodes, and auto's per-kind timing runs there."""
-    from gateway.engine.compiled import KINDS, compiled_model
+    from gateway.speed.kinds import KINDS
+    from gateway.speed.warmup import compiled_model
+    from tests.support.batch import mixed_jobs, run_batch
 
-    from .test_batch import mixed_jobs, run_batch
-
-    target = load_model(model_dirs["llama"], device="cuda", dtype=torch.float32)
-    draft = load_model(model_dirs["draft"], device="cuda", dtype=torch.float32)
+    target = load_fast(model_dirs["llama"], device="cuda", dtype=torch.float32)
+    draft = load_fast(model_dirs["draft"], device="cuda", dtype=torch.float32)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
     fast_target, _ = compiled_model(target, 8)  # GATEWAY_COMPILE=on: every kind compiled
     fast_draft, _ = compiled_model(draft, 8, draft=True)
-    assert fast_target.compiled is not None and fast_target.compiled.kinds == KINDS
+    assert compiled_of(fast_target) is not None and compiled_of(fast_target).kinds == KINDS
     engine = Engine(fast_target)
     got = run_batch(engine, mixed_jobs(engine, fast_draft))
     assert [r.token_ids for r in got] == [r.token_ids for r in eager]
     said: list[str] = []  # auto: each kind timed compiled and eager on the GPU
     auto, _ = compiled_model(target, 8, progress=said.append, measure=True)
     assert "compiled/eager time by step kind" in said[-1]
-    assert auto.compiled is None or auto.compiled.kinds <= KINDS
+    assert compiled_of(auto) is None or compiled_of(auto).kinds <= KINDS

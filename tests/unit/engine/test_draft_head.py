@@ -13,14 +13,14 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from gateway.engine import DecodeRequest, Engine, SamplingParams, load_model, wrap_model
+from gateway.engine import DecodeRequest, Engine, SamplingParams
 from gateway.engine import loop as loop_module
 from gateway.engine.draft_head import DRAFT_VOCAB_FILE, build_head, head_logits
 from gateway.engine.models import cache_kwarg, forward_logits
 from gateway.engine.proposers.draft_model import DraftModelProposer
 from gateway.engine.verifier import Verdict, verify_sampled
-
-from .conftest import build_tokenizer, llama, save
+from gateway.speed import load_fast, wrap_fast
+from tests.support.models import build_tokenizer, llama, save
 
 TOKENIZER = build_tokenizer()
 VOCAB, EOS = len(TOKENIZER), TOKENIZER.eos_token_id
@@ -30,16 +30,16 @@ PROMPT = (10, 20, 30, 40, 50)
 def test_draft_vocab_file_is_read_and_can_be_ignored(tmp_path) -> None:
     path = save(llama(VOCAB, EOS, seed=3, layers=1), TOKENIZER, tmp_path / "d")
     (path / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": [5, 1, 9, 5]}))
-    lm = load_model(path, device="cpu")
+    lm = load_fast(path, device="cpu")
     assert lm.draft_head is not None
     assert lm.draft_head.token_ids.tolist() == [1, 5, 9]  # sorted, unique
-    assert load_model(path, device="cpu", draft_vocab=False).draft_head is None
+    assert load_fast(path, device="cpu", draft_vocab=False).draft_head is None
     (path / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": [1, VOCAB]}))
     with pytest.raises(ValueError, match="ids in"):
-        load_model(path, device="cpu")
+        load_fast(path, device="cpu")
     (path / DRAFT_VOCAB_FILE).write_text(json.dumps(["not", "ids"]))
     with pytest.raises(ValueError, match="token_ids"):
-        load_model(path, device="cpu")
+        load_fast(path, device="cpu")
 
 
 def test_head_logits_are_the_full_logits_on_the_subset_step_by_step() -> None:
@@ -90,12 +90,12 @@ def test_a_model_whose_logits_are_not_lm_head_is_refused() -> None:
 
 def perfect_draft_with_head(eng: Engine, subset: list[int]):
     """The target itself as draft, restricted to `subset`."""
-    return wrap_model(copy.deepcopy(eng.target.model), TOKENIZER, draft_vocab=subset)
+    return wrap_fast(copy.deepcopy(eng.target.model), TOKENIZER, draft_vocab=subset)
 
 
 @pytest.fixture(scope="module")
 def eng() -> Engine:
-    return Engine(wrap_model(llama(VOCAB, EOS, seed=6, init=0.3), TOKENIZER))
+    return Engine(wrap_fast(llama(VOCAB, EOS, seed=6, init=0.3), TOKENIZER))
 
 
 def spy_on_drafts(monkeypatch) -> list[int]:
@@ -185,7 +185,7 @@ def sampled_draft(eng: Engine):
             prm.add_(torch.randn(prm.shape, generator=gen) * 0.05)
         top = torch.topk(eng.target.model(input_ids=torch.tensor([PROMPT])).logits[0, -1], TOP_K)
     keep = top.indices[::2].tolist() + list(range(100, 140))
-    return wrap_model(model, TOKENIZER, draft_vocab=keep)
+    return wrap_fast(model, TOKENIZER, draft_vocab=keep)
 
 
 def test_sampled_output_has_the_target_distribution_with_a_reduced_head(eng) -> None:

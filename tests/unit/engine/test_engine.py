@@ -19,12 +19,10 @@ from gateway.engine import (
     TokenSequencesGrammar,
     VocabularyMismatch,
     check_pair,
-    load_model,
-    wrap_model,
 )
 from gateway.engine.sampling import warp
-
-from .conftest import CONTEXT, build_tokenizer, llama, save
+from gateway.speed import load_fast, wrap_fast
+from tests.support.models import CONTEXT, build_tokenizer, llama, save
 
 PROMPT = (10, 20, 30, 40, 50)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
@@ -61,7 +59,7 @@ def test_load_model_describes_the_model(llama_lm, gpt2_lm, tokenizer) -> None:
 
 def test_vocab_size_mismatch_is_refused(llama_lm, tmp_path) -> None:
     tok = build_tokenizer(vocab_size=280)
-    other = load_model(save(llama(len(tok), tok.eos_token_id, seed=9), tok, tmp_path / "m"))
+    other = load_fast(save(llama(len(tok), tok.eos_token_id, seed=9), tok, tmp_path / "m"))
     with pytest.raises(VocabularyMismatch, match="vocab sizes differ"):
         check_pair(llama_lm, other)
     with pytest.raises(VocabularyMismatch):
@@ -70,7 +68,7 @@ def test_vocab_size_mismatch_is_refused(llama_lm, tmp_path) -> None:
 
 def test_token_mismatch_names_the_token(llama_lm, tmp_path) -> None:
     tok = build_tokenizer(special="<end>")  # same size, the special token differs
-    other = load_model(save(llama(len(tok), tok.eos_token_id, seed=9), tok, tmp_path / "m"))
+    other = load_fast(save(llama(len(tok), tok.eos_token_id, seed=9), tok, tmp_path / "m"))
     with pytest.raises(VocabularyMismatch, match=r"token id 0 differs.*'<eos>'.*'<end>'"):
         check_pair(llama_lm, other)
 
@@ -142,7 +140,7 @@ def test_same_seed_same_output_with_a_confidence_floor(eng, draft_lm) -> None:
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3])
 def test_max_tokens_smaller_than_k(eng, max_tokens) -> None:
-    draft = wrap_model(eng.target.model, eng.tokenizer)  # a perfect draft: always accepted
+    draft = wrap_fast(eng.target.model, eng.tokenizer)  # a perfect draft: always accepted
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     res = eng.run(spec(sampling=sp, k_min=6, k_max=8), draft=draft)
     assert res.token_ids == eng.run(DecodeRequest(PROMPT, sp)).token_ids
@@ -177,7 +175,7 @@ def test_eos_inside_a_draft(eng) -> None:
     sp = SamplingParams(temperature=0.0, max_tokens=24, logit_bias=((eos, b),))
     # the prediction continues past EOS; the draft model is the target itself
     text = eng.tokenizer.decode(expected[:-1]) + "<eos>" + "def f(x): return x"
-    perfect = wrap_model(eng.target.model, eng.tokenizer)
+    perfect = wrap_fast(eng.target.model, eng.tokenizer)
     for req, draft in (
         (spec(sampling=sp, proposer="prediction", prediction=text, k_min=8, k_max=8), None),
         (spec(sampling=sp, proposer="draft", k_min=8, k_max=8), perfect),
@@ -312,7 +310,7 @@ def test_allowed_and_banned_lists(eng, draft_lm) -> None:
 def test_draft_shaped_like_target_is_always_accepted(eng) -> None:
     """The target drafting for itself: p == q after the same bias / bans / grammar / warping,
     so min(1, p/q) == 1 everywhere (up to rounding). Catches a draft shaped differently."""
-    perfect = wrap_model(eng.target.model, eng.tokenizer)
+    perfect = wrap_fast(eng.target.model, eng.tokenizer)
     seqs = grammar_sequences(eng.tokenizer)
     eos = eng.target.eos_token_ids[0]
     sp = SamplingParams(

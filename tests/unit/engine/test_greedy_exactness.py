@@ -11,9 +11,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams, wrap_model
-
-from .conftest import build_tokenizer, gpt2, llama
+from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams
+from gateway.speed import wrap_fast
+from tests.support.models import build_tokenizer, gpt2, llama
 
 TOKENIZER = build_tokenizer()
 VOCAB, EOS = len(TOKENIZER), TOKENIZER.eos_token_id
@@ -22,7 +22,7 @@ VOCAB, EOS = len(TOKENIZER), TOKENIZER.eos_token_id
 @cache
 def target_model(arch: str, seed: int) -> LoadedModel:
     build = llama if arch == "llama" else gpt2
-    return wrap_model(build(VOCAB, EOS, seed=100 + seed, init=0.3), TOKENIZER)
+    return wrap_fast(build(VOCAB, EOS, seed=100 + seed, init=0.3), TOKENIZER)
 
 
 @cache
@@ -33,13 +33,13 @@ def draft_model(arch: str, seed: int, noise: float, head: bool = False) -> Loade
     subset = list(range(0, VOCAB, 2)) if head else None
     if noise < 0:
         model = llama(VOCAB, EOS, seed=500 + seed, layers=1, init=0.3)
-        return wrap_model(model, TOKENIZER, draft_vocab=subset)
+        return wrap_fast(model, TOKENIZER, draft_vocab=subset)
     model = copy.deepcopy(target_model(arch, seed).model)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * noise)
-    return wrap_model(model, TOKENIZER, draft_vocab=subset)
+    return wrap_fast(model, TOKENIZER, draft_vocab=subset)
 
 
 @cache

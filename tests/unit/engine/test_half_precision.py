@@ -16,8 +16,9 @@ import pytest
 import torch
 
 import gateway.engine.loop as loop
-from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams, load_model
+from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams
 from gateway.engine.verifier import Verdict
+from gateway.speed import load_fast
 
 TIE = 0.05  # logprob gap; bf16 spacing is 2^-7..2^-5 for logits of size 1..4
 SP = SamplingParams(temperature=0.0, max_tokens=40, logprobs=True, top_logprobs=2)
@@ -56,7 +57,7 @@ def partings_without_tie(target: LoadedModel, draft: LoadedModel, prompts: int) 
 @pytest.fixture(scope="module")
 def bf16_pairs(model_dirs) -> dict[str, tuple[LoadedModel, LoadedModel]]:
     def lm(name: str) -> LoadedModel:
-        return load_model(model_dirs[name], device="cpu", dtype=torch.bfloat16)
+        return load_fast(model_dirs[name], device="cpu", dtype=torch.bfloat16)
 
     draft = lm("draft")
     return {"llama": (lm("llama"), draft), "gpt2": (lm("gpt2"), draft)}

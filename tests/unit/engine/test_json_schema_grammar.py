@@ -19,8 +19,7 @@ from gateway.engine.constraints.json_schema import (
     unknown_keywords,
     validate_output,
 )
-
-from .conftest import build_tokenizer
+from tests.support.models import build_tokenizer
 
 PERSON = {
     "type": "object",

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.engine.constraints.json_schema import ConstraintError, compile_json_grammar
 from gateway.engine.constraints.objects import named_properties_only
-
-from .conftest import build_tokenizer
+from tests.support.models import build_tokenizer
 
 # What pydantic 2 emits for `class Person(BaseModel): name: str; age: int` with a nested
 # model and a list of them: no additionalProperties anywhere.

@@ -18,8 +18,7 @@ from gateway.engine.batch.scheduler import Batch
 from gateway.engine.batch.slots import SlotCache
 from gateway.engine.models import cache_kwarg
 from gateway.engine.schema import Finished
-
-from .test_batch import Job, drive
+from tests.support.batch import Job, drive
 
 A = tuple(range(5, 35))  # 30 tokens
 B = tuple(range(40, 70))

@@ -24,8 +24,7 @@ from gateway.engine.constraints.json_schema import (
     schema_patterns,
     validate_output,
 )
-
-from .conftest import build_tokenizer
+from tests.support.models import build_tokenizer
 
 EVIL = r"^(?:(a|a)*[^\s\S]|a{%d})$"
 

@@ -14,8 +14,7 @@ from gateway.engine.loop import decode
 from gateway.engine.proposers.suffix import SuffixIndex, SuffixParams, SuffixProposer
 from gateway.engine.schema import Finished
 from gateway.serving.suffix_store import SuffixStore, TenantSuffix
-
-from .test_batch import PROMPTS, Job, greedy, mixed_jobs, run_batch
+from tests.support.batch import PROMPTS, Job, greedy, mixed_jobs, run_batch
 
 SPEC = {"mode": "speculative", "proposer": "suffix", "k_min": 1, "k_max": 6}
 LOOP = (40, 41, 42, 43, 44, 45, 46, 47)

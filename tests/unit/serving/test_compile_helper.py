@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from gateway.engine import precompile
-from gateway.engine.precompile import Helper
-from gateway.serving.models import ModelPool
+from gateway.serving.models import ModelPool, PoolOptions
 from gateway.serving.worker import InferenceWorker, WorkerOptions
+from gateway.speed import precompile
+from gateway.speed.fast import compiled_of
+from gateway.speed.precompile import Helper
 from models_registry.manifest import load_manifest
 from tests.integration import tiny_models
 
@@ -22,7 +23,7 @@ KINDS = ["1x1", "1xN", "Bx1", "BxN"]
 ONE_ROW = 1
 """The batch rows of a start whose test is about where the steps compile, not which kinds:
 one row compiles the two one-row kinds, half a start's compile (tests of the kinds
-themselves: tests/unit/engine/test_compiled.py)."""
+themselves: tests/unit/speed/test_compiled.py)."""
 
 
 async def load(tmp_path, helper: bool, rows: int = 4) -> ModelPool:  # type: ignore[no-untyped-def]
@@ -37,9 +38,17 @@ async def load(tmp_path, helper: bool, rows: int = 4) -> ModelPool:  # type: ign
         return await worker.call(fn)
 
     pool = ModelPool(
-        manifest, "cpu", None, runner, compile_rows=lambda context: rows, cpu_linear=False,
-        compile_mode="on", compile_store=tmp_path / "store", compile_helper=helper,
-    )  # fmt: skip
+        manifest,
+        runner,
+        PoolOptions(
+            device="cpu",
+            compile_rows=lambda context: rows,
+            cpu_linear=False,
+            compile_mode="on",
+            compile_store=tmp_path / "store",
+            compile_helper=helper,
+        ),
+    )
     try:
         await pool.load_targets()
     finally:
@@ -54,11 +63,11 @@ async def test_the_drafts_compile_in_a_helper_while_the_target_compiles_here(
         pool = await load(tmp_path, helper=True)
     (name,) = pool.target_names()
     _, engine = await pool.target(name)
-    assert engine.target.compiled.step.loaded == ["BxN"]  # type: ignore[union-attr]  # 3 here
+    assert compiled_of(engine.target).step.loaded == ["BxN"]  # type: ignore[union-attr]  # 3 here
     drafts = pool.loaded_draft_models(name)
     assert len(drafts) == 2
     for draft in drafts.values():  # compiled by the helper: loaded, nothing traced here
-        assert sorted(draft.compiled.step.loaded) == KINDS  # type: ignore[union-attr]
+        assert sorted(compiled_of(draft).step.loaded) == KINDS  # type: ignore[union-attr]
     assert "compile helper (pid" in caplog.text
     assert "compile helper: " in caplog.text  # its progress, in this process's log
 
@@ -67,14 +76,14 @@ async def test_the_drafts_compile_in_a_helper_while_the_target_compiles_here(
         again = await load(tmp_path, helper=True)
     assert "compile helper" not in caplog.text
     models = [again._engines[name][1].target, *again.loaded_draft_models(name).values()]
-    assert [sorted(m.compiled.step.loaded) for m in models] == [KINDS] * 3  # type: ignore[union-attr]
+    assert [sorted(compiled_of(m).step.loaded) for m in models] == [KINDS] * 3  # type: ignore[union-attr]
 
 
 async def test_without_the_helper_every_model_compiles_here(tmp_path, caplog) -> None:
     with caplog.at_level(logging.INFO):
         pool = await load(tmp_path, helper=False, rows=ONE_ROW)
     drafts = pool.loaded_draft_models(pool.target_names()[0]).values()
-    assert [d.compiled.step.loaded for d in drafts] == [[], []]  # type: ignore[union-attr]
+    assert [compiled_of(d).step.loaded for d in drafts] == [[], []]  # type: ignore[union-attr]
     assert "compile helper" not in caplog.text
 
 
@@ -98,8 +107,8 @@ async def test_a_broken_helper_leaves_every_model_to_compile_here(
     with caplog.at_level(logging.INFO):
         pool = await load(tmp_path, helper=True, rows=ONE_ROW)
     drafts = pool.loaded_draft_models(pool.target_names()[0]).values()
-    assert [d.compiled.step.loaded for d in drafts] == [[], []]  # type: ignore[union-attr]
-    assert all(d.compiled.step.fns for d in drafts)  # type: ignore[union-attr]  # compiled
+    assert [compiled_of(d).step.loaded for d in drafts] == [[], []]  # type: ignore[union-attr]
+    assert all(compiled_of(d).step.fns for d in drafts)  # type: ignore[union-attr]  # compiled
     if broken == "exits":
         assert "compile helper failed (exit 3)" in caplog.text
         assert "compile helper: boom" in caplog.text

@@ -11,14 +11,14 @@ import pytest
 
 import gateway.engine.engine as engine_module
 from gateway.serving.cost_store import CostStore
-from gateway.serving.models import ModelPool
+from gateway.serving.models import ModelPool, PoolOptions
 from models_registry.manifest import load_manifest
 from tests.integration import tiny_models
 from tests.unit.serving.test_pool_verified_weights import inline
 
 
 async def _start(manifest: Path, store: CostStore | None, rows: int) -> ModelPool:
-    pool = ModelPool(load_manifest(manifest), "cpu", None, inline, probe_rows=rows)
+    pool = ModelPool(load_manifest(manifest), inline, PoolOptions(device="cpu", probe_rows=rows))
     pool.costs = store
     await pool.load_targets()
     return pool

@@ -12,7 +12,7 @@ import pytest
 
 import models_registry.manifest as manifest_module
 from gateway.serving.errors import GatewayError
-from gateway.serving.models import ModelPool
+from gateway.serving.models import ModelPool, PoolOptions
 from models_registry.errors import IntegrityError
 from models_registry.manifest import load_manifest
 from tests.integration import tiny_models
@@ -24,7 +24,7 @@ async def inline(fn: Callable[[], object]) -> object:
 
 
 async def _start(manifest_path: Path, verified: Path | None) -> ModelPool:
-    pool = ModelPool(load_manifest(manifest_path), "cpu", None, inline)
+    pool = ModelPool(load_manifest(manifest_path), inline, PoolOptions(device="cpu"))
     pool.verified = verified
     await pool.load_targets()
     return pool

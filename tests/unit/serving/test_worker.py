@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from gateway.serving.errors import GatewayError
-from gateway.serving.models import ModelPool
+from gateway.serving.models import ModelPool, PoolOptions
 from gateway.serving.worker import InferenceWorker, WorkerOptions
+from gateway.speed import load_fast
 from models_registry.manifest import load_manifest
 from tests.integration import tiny_models
 
@@ -37,16 +38,16 @@ def counting(n: int, tag: str) -> Callable[[Callable[[], bool]], Iterator[str]]:
 def spied_engine(tmp_path: Path, monkeypatch, seen: Callable[..., None]):  # type: ignore[no-untyped-def]
     """An engine on the tiny target whose batch forwards are shown to `seen(slots, tokens,
     keyword arguments)` before they run."""
-    from gateway.engine import Engine, load_model
+    from gateway.engine import Engine
     from gateway.engine.batch import scheduler
 
     manifest = load_manifest(tiny_models.build(tmp_path))
-    target = load_model(manifest.targets()[0].path, device="cpu", draft_vocab=False)
+    target = load_fast(manifest.targets()[0].path, device="cpu", draft_vocab=False)
     real = scheduler.batched_forward
 
-    def spy(model, kwarg, cache, slots, tokens, device, **kw):  # type: ignore[no-untyped-def]
-        seen(slots, tokens, kw)
-        return real(model, kwarg, cache, slots, tokens, device, **kw)
+    def spy(model, step, fast=None):  # type: ignore[no-untyped-def]
+        seen(step.slots, step.tokens, {"keep_last": step.keep_last, "backbone": step.backbone})
+        return real(model, step, fast)
 
     monkeypatch.setattr(scheduler, "batched_forward", spy)
     return Engine(target)
@@ -123,7 +124,7 @@ async def test_the_pool_loads_models_through_its_runner(tmp_path: Path) -> None:
 
         return await worker.call(recorded)
 
-    pool = ModelPool(manifest, "cpu", None, runner)
+    pool = ModelPool(manifest, runner, PoolOptions(device="cpu"))
     try:
         await pool.load_targets()
         target = manifest.targets()[0].name
@@ -167,11 +168,11 @@ async def test_a_failing_shared_forward_ends_its_rows_and_the_worker_goes_on(
 ) -> None:
     """A forward that raises (a bug, out of memory) ends every row of its batch with the
     error; the thread lives on and the next request decodes on a fresh batch."""
-    from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, load_model
+    from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams
     from gateway.engine.batch import scheduler
 
     manifest = load_manifest(tiny_models.build(tmp_path))
-    engine = Engine(load_model(manifest.targets()[0].path, device="cpu", draft_vocab=False))
+    engine = Engine(load_fast(manifest.targets()[0].path, device="cpu", draft_vocab=False))
     real, calls = scheduler.batched_forward, []
 
     def broken_once(*args, **kw):  # type: ignore[no-untyped-def]
@@ -289,12 +290,12 @@ async def test_a_draft_is_compiled_and_probed_for_its_targets_batch_rows(
     from gateway.serving import models
 
     manifest = load_manifest(tiny_models.build(tmp_path))
-    real_load = models.load_model
+    real_load = models.load_fast
 
     target_context: list[int] = []
     draft_paths = {str(e.path) for e in manifest.drafts_for(manifest.targets()[0].name)}
 
-    def load_model(path, *args, **kw):  # type: ignore[no-untyped-def]
+    def load_stretched(path, *args, **kw):  # type: ignore[no-untyped-def]
         lm = real_load(path, *args, **kw)  # a draft with twice its target's context
         if path in draft_paths:
             return replace(lm, context_length=2 * lm.context_length)
@@ -308,7 +309,7 @@ async def test_a_draft_is_compiled_and_probed_for_its_targets_batch_rows(
         compiled_for.append((draft, rows))
         return model, 0.0
 
-    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr(models, "load_fast", load_stretched)
     monkeypatch.setattr(models, "compiled_model", compiled_model)
 
     def measure_costs(self, rows, draft=None, known=None):  # type: ignore[no-untyped-def]
@@ -324,9 +325,8 @@ async def test_a_draft_is_compiled_and_probed_for_its_targets_batch_rows(
     def rows_for(context: int) -> int:  # as batch_rows under a KV budget of 2 target contexts
         return max(1, 2 * target_context[0] // context)
 
-    pool = ModelPool(
-        manifest, "cpu", None, runner, probe_rows=8, compile_rows=rows_for, compile_mode="on"
-    )
+    options = PoolOptions(device="cpu", probe_rows=8, compile_rows=rows_for, compile_mode="on")
+    pool = ModelPool(manifest, runner, options)
     try:
         await pool.load_targets()
     finally:

@@ -24,11 +24,13 @@ from functools import cache
 import pytest
 import torch
 
-from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams, wrap_model
+from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams
 from gateway.engine.batch import masks
 from gateway.engine.batch.forward import _FACTS
+from gateway.speed import wrap_fast
+from gateway.speed.fast import compiled_of, lean_of
+from tests.support.batch import Job, drive
 
-from ..test_batch import Job, drive
 from .support import BY_NAME, FAMILIES, WINDOW, tokenizer
 
 NEW = 24  # tokens generated per prompt
@@ -47,7 +49,7 @@ PROMPTS = [_prompt(n, seed=n) for n in LENGTHS]
 
 @cache
 def target(name: str) -> LoadedModel:
-    return wrap_model(BY_NAME[name].build(seed=1), tokenizer())
+    return wrap_fast(BY_NAME[name].build(seed=1), tokenizer())
 
 
 @cache
@@ -59,7 +61,7 @@ def draft(name: str) -> LoadedModel:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.02)
-    return wrap_model(model, tokenizer())
+    return wrap_fast(model, tokenizer())
 
 
 @cache
@@ -175,7 +177,7 @@ def test_a_forward_that_ignores_the_layer_types_fails_the_suite(
     from gateway.engine.batch import forward
 
     monkeypatch.setattr(forward, "layer_masks", broken)
-    lm = wrap_model(BY_NAME[name].build(seed=1), tokenizer())  # a fresh model: no kept facts
+    lm = wrap_fast(BY_NAME[name].build(seed=1), tokenizer())  # a fresh model: no kept facts
     _FACTS.pop(lm.model, None)
     engine = Engine(lm)
     jobs = [Job(0, DecodeRequest(p, greedy())) for p in PROMPTS]
@@ -184,7 +186,7 @@ def test_a_forward_that_ignores_the_layer_types_fails_the_suite(
     assert any(wrong)
 
 
-LEAN = [n for n in NAMES if target(n).decoder is not None]
+LEAN = [n for n in NAMES if lean_of(target(n)) is not None]
 
 
 def test_the_lean_decoder_serves_the_families_it_was_checked_for() -> None:
@@ -196,12 +198,12 @@ def test_the_compiled_step_gives_the_generate_output(name: str) -> None:
     """The compiled step's function (engine/compiled.py `_step`: its own mask, joined
     projections), run without inductor: a mixed batch of standard and speculative rows
     (the draft's step compiled too) decodes what generate does."""
-    from gateway.engine.compiled import compiled_model
+    from gateway.speed.warmup import compiled_model
 
-    fresh = wrap_model(BY_NAME[name].build(seed=1), tokenizer())
+    fresh = wrap_fast(BY_NAME[name].build(seed=1), tokenizer())
     fast, _ = compiled_model(fresh, 4, inductor=False)
     small, _ = compiled_model(draft(name), 4, draft=True, inductor=False)
-    assert fast.compiled is not None and small.compiled is not None
+    assert compiled_of(fast) is not None and compiled_of(small) is not None
     engine = Engine(fast)
     jobs = [
         Job(0, DecodeRequest(PROMPTS[2], greedy())),

@@ -10,12 +10,13 @@ import pytest
 import torch
 import transformers
 
-from gateway.engine import DecodeRequest, Engine, SamplingParams, UnsupportedModel, wrap_model
+from gateway.engine import DecodeRequest, Engine, SamplingParams, UnsupportedModel
 from gateway.engine.batch import masks
 from gateway.engine.families import CHECKED, probe
 from gateway.engine.models import cache_kwarg
+from gateway.speed import wrap_fast
+from tests.support.batch import Job, drive
 
-from ..test_batch import Job, drive
 from .support import CONTEXT, FAMILIES, WINDOW, tokenizer
 
 
@@ -39,7 +40,7 @@ def test_every_family_of_the_suite_is_one_the_engine_serves_without_a_probe() ->
 def test_a_recurrent_model_is_refused_naming_its_layer_type() -> None:
     mamba = _tiny("MambaConfig", "MambaForCausalLM")
     with pytest.raises(UnsupportedModel, match="linear_attention"):
-        wrap_model(mamba, tokenizer())
+        wrap_fast(mamba, tokenizer())
 
 
 def test_a_family_whose_slot_cache_forward_fails_is_refused_with_the_reason() -> None:
@@ -47,7 +48,7 @@ def test_a_family_whose_slot_cache_forward_fails_is_refused_with_the_reason() ->
     on the slot cache fails, and the load says so instead of serving it."""
     bloom = _tiny("BloomConfig", "BloomForCausalLM", n_head=4, n_layer=2)
     with pytest.raises(UnsupportedModel, match="bloom: not a family this engine was checked"):
-        wrap_model(bloom, tokenizer())
+        wrap_fast(bloom, tokenizer())
 
 
 def test_an_unchecked_family_that_passes_the_probe_is_served_exactly(caplog) -> None:
@@ -56,7 +57,7 @@ def test_an_unchecked_family_that_passes_the_probe_is_served_exactly(caplog) -> 
     model = _tiny("Starcoder2Config", "Starcoder2ForCausalLM", sliding_window=WINDOW)
     assert model.config.model_type not in CHECKED
     with caplog.at_level(logging.WARNING, "gateway.engine.families"):
-        lm = wrap_model(model, tokenizer())
+        lm = wrap_fast(model, tokenizer())
     assert "not in the engine's family conformance suite" in caplog.text
     prompt = tuple(range(5, 5 + 3 * WINDOW))
     eos = tokenizer().eos_token_id
@@ -86,4 +87,4 @@ def test_the_probe_refuses_a_forward_that_ignores_the_window(monkeypatch) -> Non
     monkeypatch.setattr(forward, "layer_masks", no_window)
     assert probe(model, cache_kwarg(model)) > 1e-2
     with pytest.raises(UnsupportedModel, match="differ from its own forward"):
-        wrap_model(model, tokenizer())
+        wrap_fast(model, tokenizer())

@@ -24,10 +24,9 @@ needs_llama_cpp()
 
 from gateway.engine import DecodeRequest, DecodeResult, Engine, LoadedModel, SamplingParams
 from gateway.engine.backends.base import slot_cache
-from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.schema import Delta, Finished
-
-from ..test_batch import PROMPTS, Job, drive, greedy, mixed_jobs
+from tests.support.batch import PROMPTS, Job, drive, greedy, mixed_jobs
 
 NEAR_TIE = 1e-3  # logit gap between the two tokens where a parting may come (f16 KV)
 SPEC = {"mode": "speculative", "k_min": 1, "k_max": 5}
@@ -45,7 +44,7 @@ def parting(lm: LoadedModel, prompt: tuple[int, ...], a: tuple[int, ...], b: tup
         return None
     cache = slot_cache(lm.model, 1, lm.context_length)
     ctx = [*prompt, *a[:i]]
-    z = batched_forward(lm.model, "cache", cache, [cache.take()], [ctx], lm.device, True)[0][0]
+    z = batched_forward(lm.model, Step(cache, [cache.take()], [ctx], keep_last=True))[0][0]
     return i, abs(float(z[a[i]] - z[b[i]]))
 
 

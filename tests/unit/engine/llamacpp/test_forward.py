@@ -18,7 +18,7 @@ needs_llama_cpp()
 from gateway.engine import LoadedModel
 from gateway.engine.backends.base import BackendCache, slot_cache
 from gateway.engine.backends.llamacpp import LlamaCppCache, load_gguf
-from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.forward import Step, batched_forward
 
 PROMPT = [10, 20, 30, 40, 50, 60, 70]
 
@@ -27,7 +27,7 @@ def _forward(
     lm: LoadedModel, cache: BackendCache, slots: list[int], feeds: list[list[int]],
     keep_last: bool = False, commit: bool = True,
 ) -> list[torch.Tensor]:  # fmt: skip
-    out = batched_forward(lm.model, "cache", cache, slots, feeds, lm.device, keep_last=keep_last)
+    out = batched_forward(lm.model, Step(cache, slots, feeds, keep_last=keep_last))
     if commit:
         for s, f in zip(slots, feeds, strict=True):
             cache.length[s] += len(f)

@@ -21,12 +21,11 @@ from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams
 from gateway.engine import loop as loop_module
 from gateway.engine.backends.base import slot_cache
 from gateway.engine.backends.llamacpp import load_gguf
-from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.schema import Finished
 from gateway.engine.verifier import Verdict, verify_sampled
 from models_registry.gguf import write_llama
-
-from ..conftest import build_tokenizer, llama, save
+from tests.support.models import build_tokenizer, llama, save
 
 PROMPT = (10, 20, 30, 40, 50)
 TOP_K, SAMPLES, ROWS = 6, 3000, 6
@@ -79,7 +78,7 @@ def first_token_counts(target: LoadedModel, draft: LoadedModel) -> tuple[torch.T
 
 def chi_square(target: LoadedModel, counts: torch.Tensor) -> tuple[float, float]:
     cache = slot_cache(target.model, 1, target.context_length)
-    z = batched_forward(target.model, "cache", cache, [cache.take()], [list(PROMPT)], target.device)
+    z = batched_forward(target.model, Step(cache, [cache.take()], [list(PROMPT)]))
     top = torch.topk(z[0][-1].double(), TOP_K)
     p = torch.softmax(top.values, -1)
     obs = counts[top.indices].double()

@@ -23,7 +23,7 @@ nothing real is changed and no row of the output is NaN. Padded outputs are cut 
 
 Exactness: a padded step multiplies more rows and attends over more (masked) keys, so a
 kernel library may pick another kernel and round a logit otherwise than the eager step;
-tests/unit/engine/test_graphs.py checks the bucketed step against the eager one (on the
+tests/unit/speed/test_graphs.py checks the bucketed step against the eager one (on the
 CPU without capturing, on CUDA captured) and that any parting of greedy outputs is a near
 tie.
 """
@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gateway.engine.batch.forward import slot_base, step_layout
+from gateway.speed.steps import slot_base, step_layout
 
 if TYPE_CHECKING:
     from gateway.engine.batch.slots import SlotCache
 
-log = logging.getLogger("gateway.engine.graphs")
+log = logging.getLogger("gateway.speed.graphs")
 
 # (inputs (6, B, T), arange(span), keys, values) -> (B, T or 1, V or H): compiled.py `_step`
 Step = Callable[..., torch.Tensor]
@@ -78,7 +78,7 @@ class _Graph:
 class GraphedSteps:
     """A model's step, padded to buckets and (on CUDA) captured once per bucket and cache.
 
-    `step`: the compiled or eager step function (engine/compiled.py `_step` form);
+    `step`: the compiled or eager step function (speed/compiled.py `_step` form);
     `device`: the model's; on CUDA the graphs are recorded (and every CUDA call made) on
     it, elsewhere the bucketed step runs eagerly (the CPU tests)."""
 

@@ -1,4 +1,4 @@
-"""The weight-major fp32 linear forward (gateway/engine/cpu_linear.py)."""
+"""The weight-major fp32 linear forward (gateway/speed/cpu_linear.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from gateway.engine import cpu_linear, load_model
-from gateway.engine.cpu_linear import ROWS_MAX, forward, use_weight_major_linear
 from gateway.engine.draft_head import DRAFT_VOCAB_FILE, head_logits
 from gateway.engine.engine import MAX_K
 from gateway.engine.models import cache_kwarg
+from gateway.speed import cpu_linear, load_fast
+from gateway.speed.cpu_linear import ROWS_MAX, forward, use_weight_major_linear
+from gateway.speed.fast import lean_of
 
 CPU = torch.device("cpu")
 
@@ -116,11 +117,11 @@ def test_only_fp32_cpu_linear_layers_are_patched() -> None:
 def test_by_default_load_model_patches_where_the_measurement_says(
     model_dirs, monkeypatch, pays: bool
 ) -> None:
-    from gateway.engine import models
+    from gateway.speed import attach as models
 
     seen = []
     monkeypatch.setattr(models, "weight_major_pays", lambda m, served: seen.append(m) or pays)
-    lm = load_model(model_dirs["llama"], device="cpu")
+    lm = load_fast(model_dirs["llama"], device="cpu")
     lin = [m for m in lm.model.modules() if type(m) is nn.Linear]
     assert seen == [lm.model] and lin and all(patched(m) == pays for m in lin)
 
@@ -132,13 +133,13 @@ def test_a_model_to_be_compiled_is_timed_on_the_compiled_steps_products(
     """With compiled=True the verdict times what the compiled step multiplies by: each
     layer's joined q/k/v and gate/up (batch/decoder.py Joined), not the parts, and the head;
     where it pays, the joined layers get the weight-major forward with the model's."""
-    from gateway.engine import models
+    from gateway.speed import attach as models
 
     timed: list[list[nn.Linear]] = []
     monkeypatch.setattr(models, "weight_major_pays", lambda m, served: timed.append(served) or pays)
-    lm = load_model(model_dirs["llama"], device="cpu", compiled=True)
-    assert lm.decoder is not None and lm.decoder.joined is not None
-    joined = lm.decoder.joined
+    lm = load_fast(model_dirs["llama"], device="cpu", compiled=True)
+    assert lean_of(lm) is not None and lean_of(lm).joined is not None
+    joined = lean_of(lm).joined
     cfg = lm.model.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * head_dim
@@ -165,7 +166,7 @@ def test_the_measurement_compares_both_forms_on_the_models_shapes(model_dirs, mo
     monkeypatch.setattr(cpu_linear, "_verdict_file", None)  # a gateway test may have set one
     monkeypatch.setattr(cpu_linear, "linear", count("ours", real_linear))
     monkeypatch.setattr(cpu_linear.F, "linear", count("torch", real_f))
-    off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    off = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     verdict = cpu_linear.weight_major_pays(off.model)
     assert isinstance(verdict, bool) and calls["torch"] > 0 and calls["ours"] > 0
     calls.update(torch=0, ours=0)
@@ -195,7 +196,7 @@ def test_the_verdict_follows_the_products_of_a_steps_rows(model_dirs, monkeypatc
     monkeypatch.setattr(cpu_linear, "_verdict_file", None)
     monkeypatch.setattr(cpu_linear, "linear", timed("ours"))
     monkeypatch.setattr(cpu_linear.F, "linear", timed("torch"))
-    off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    off = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     rows_seen.clear()  # the load's own forwards
 
     def no_forward(*_a, **_k):  # the products are timed, not the model's forward
@@ -210,12 +211,12 @@ def test_the_verdict_follows_the_products_of_a_steps_rows(model_dirs, monkeypatc
 def test_a_measurement_that_keeps_torchs_forward_keeps_no_packs(model_dirs, monkeypatch, pays):
     """The timing's verify steps pack the weights (packed_linear.py); where torch's forward
     wins, those packs would never serve, so they go."""
-    from gateway.engine import packed_linear
+    from gateway.speed import packed_linear
 
     monkeypatch.setattr(cpu_linear, "_verdicts", {})
     monkeypatch.setattr(cpu_linear, "_verdict_file", None)
     monkeypatch.setattr(cpu_linear, "MARGIN", 1e9 if pays else 0.0)  # the verdict, forced
-    off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    off = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     assert cpu_linear.weight_major_pays(off.model) is pays
     weights = [m.weight for m in off.model.modules() if type(m) is nn.Linear]
     kept = [w for w in weights if packed_linear.KERNEL.has_pack(w)]
@@ -223,8 +224,8 @@ def test_a_measurement_that_keeps_torchs_forward_keeps_no_packs(model_dirs, monk
 
 
 def test_load_model_patches_when_told_and_can_opt_out(model_dirs) -> None:
-    on = load_model(model_dirs["llama"], device="cpu", cpu_linear=True)
-    off = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    on = load_fast(model_dirs["llama"], device="cpu", cpu_linear=True)
+    off = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     lin_on = [m for m in on.model.modules() if type(m) is nn.Linear]
     lin_off = [m for m in off.model.modules() if type(m) is nn.Linear]
     assert lin_on and all(patched(m) for m in lin_on)
@@ -239,11 +240,11 @@ def test_reduced_draft_head_follows_cpu_linear(model_dirs, tmp_path, monkeypatch
     path = tmp_path / "draft"
     shutil.copytree(model_dirs["draft"], path)
     (path / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": [0, 3, 5, 9, 40, 41]}))
-    on = load_model(path, device="cpu", cpu_linear=True)
-    off = load_model(path, device="cpu", cpu_linear=False)
+    on = load_fast(path, device="cpu", cpu_linear=True)
+    off = load_fast(path, device="cpu", cpu_linear=False)
     vocab = on.vocab_size
-    assert on.draft_head is not None and on.draft_head.weight_major
-    assert off.draft_head is not None and not off.draft_head.weight_major
+    assert on.draft_head is not None and on.draft_head.linear is cpu_linear.linear
+    assert off.draft_head is not None and off.draft_head.linear is None
     rows = []
     for lm in (on, off):
         monkeypatch.setattr(cpu_linear.F, "linear", spy_linear)
@@ -276,7 +277,7 @@ def test_a_kept_verdict_is_read_back_instead_of_measured_again(
     monkeypatch.setattr(cpu_linear, "_verdict_file", None)
     monkeypatch.setattr(cpu_linear, "_verdicts", {})
     cpu_linear.keep_verdicts(path)
-    model = load_model(model_dirs["llama"], device="cpu", cpu_linear=False).model
+    model = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False).model
     assert cpu_linear.weight_major_pays(model) is True and measured == [True]
     assert list(json.loads(path.read_text()).values()) == [True]
 

@@ -17,7 +17,7 @@ From packed_linear.ROWS_MIN rows on (a verify step of k >= 3, a batch's step, a 
 chunk), the product runs on oneDNN with the weight packed once instead (packed_linear.py:
 cheaper at several rows, and a row rounds the same alone and among up to 128).
 
-Traced by torch.compile (engine/compiled.py), one row is multiplied by W and summed along
+Traced by torch.compile (speed/compiled.py), one row is multiplied by W and summed along
 the input instead (a reduction inductor generates and fuses, with no library call and no
 doubling), output head included; several rows call the product above as the op
 `gateway::linear_rows`, which picks its form by the rows at run time, so a compiled kind
@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gateway.engine import packed_linear
+from gateway.speed import packed_linear
 
 ROWS_MAX = 128
 """Above the largest verify (engine.MAX_K + 1 rows): every decode step and every verify step
@@ -85,7 +85,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     return y.view(*x.shape[:-1], w.shape[0])  # (..., out)
 
 
-log = logging.getLogger("gateway.engine.cpu_linear")
+log = logging.getLogger("gateway.speed.cpu_linear")
 
 PROBE_ROWS = (1, 5, 8)  # a decode step's rows, a verify step's (k = 4), a batch step's
 PROBE_REPS = 7
@@ -98,7 +98,7 @@ def weight_major_pays(model: Any, served: list[nn.Linear] | None = None) -> bool
     faster with the weight-major forward than with torch's (`_measure`): medians of
     interleaved repetitions, MARGIN to spare. `served`: the linear layers the model's steps
     multiply by, where those are not its own modules (a compiled step's joined projections,
-    batch/decoder.py `Joined`); by default its fp32 CPU nn.Linear modules. Measured once per
+    speed/lean.py `Joined`); by default its fp32 CPU nn.Linear modules. Measured once per
     set of shapes and process; leaves the model as it found it."""
     linears = [
         m
@@ -155,7 +155,7 @@ def _kept_name(key: tuple[Any, ...]) -> str:
 
 def machine_identity() -> tuple[str, ...]:
     """What identifies this machine's speed for a kept verdict or a precompiled step
-    (engine/compiled.py): CPU model, torch's CPU capability (its vector width), machine
+    (speed/compiled.py): CPU model, torch's CPU capability (its vector width), machine
     type, cores and torch's threads."""
     return (
         _cpu_model(), torch.backends.cpu.get_cpu_capability(), platform.machine(),
@@ -242,7 +242,7 @@ def _measure(linears: list[nn.Linear]) -> bool:
 
 def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """The weight-major nn.Linear forward, bound to each patched layer as its `forward`.
-    Named `forward`: a step compiled ahead of time (engine/compiled.py, Precompiled) saves
+    Named `forward`: a step compiled ahead of time (speed/store.py, Precompiled) saves
     a bound method as its object and its function's name, and loads it back by that name."""
     return linear(x, self.weight, self.bias)
 

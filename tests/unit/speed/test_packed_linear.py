@@ -1,4 +1,4 @@
-"""Several-row products on oneDNN with packed weights (gateway/engine/packed_linear.py):
+"""Several-row products on oneDNN with packed weights (gateway/speed/packed_linear.py):
 values, bitwise the same row alone or among others, and a pack never outliving its weight's
 values; for both kernels of the op, the Python one and the C++ one (native.py), which must
 also give the same products bitwise."""
@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 
-from gateway.engine import packed_linear
-from gateway.engine.packed_linear import ROWS_MIN, NativeKernel, PythonKernel
+from gateway.speed import packed_linear
+from gateway.speed.packed_linear import ROWS_MIN, NativeKernel, PythonKernel
 
 pytestmark = pytest.mark.skipif(not packed_linear.AVAILABLE, reason="torch built without oneDNN")
 
@@ -164,7 +164,7 @@ def test_without_a_compiler_the_python_kernel_serves(tmp_path) -> None:
     """A host that cannot build the C++ kernel (no compiler here) still has the op, with
     the same products, and says so."""
     code = (
-        "import torch; from gateway.engine import packed_linear as p; "
+        "import torch; from gateway.speed import packed_linear as p; "
         "w, x = torch.randn(96, 64), torch.randn(5, 64); "
         "assert torch.equal(p.product(x, w), p.PYTHON.product(x, w)); print(p.KERNEL.name)"
     )

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gateway.engine import native
+from gateway.speed import native
 
 AVAILABLE = bool(
     torch.backends.mkldnn.is_available()

@@ -11,14 +11,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gateway.engine import Engine, LoadedModel, load_model
-from gateway.engine.batch.forward import batched_forward
+from gateway.engine import Engine, LoadedModel
+from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.batch.slots import SlotCache
-from gateway.engine.compiled import KINDS, compiled_model
-from gateway.engine.graphs import MIN_SPAN, bucket
 from gateway.engine.models import cache_kwarg
-
-from .test_batch import mixed_jobs, run_batch
+from gateway.speed import load_fast
+from gateway.speed.fast import Accelerated, compiled_of, lean_of
+from gateway.speed.graphs import MIN_SPAN, bucket
+from gateway.speed.kinds import KINDS
+from gateway.speed.warmup import compiled_model
+from tests.support.batch import mixed_jobs, run_batch
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -33,19 +35,19 @@ def test_buckets_are_powers_of_two_up_to_the_limit() -> None:
 
 def _graphed(lm: LoadedModel, draft: bool = False) -> LoadedModel:
     fast, _ = compiled_model(lm, 8, draft=draft, inductor=False, graphs=True)
-    assert fast.compiled is not None and fast.compiled.graphs is not None
-    assert fast.compiled.kinds == KINDS  # one row x one token too
+    assert compiled_of(fast) is not None and compiled_of(fast).graphs is not None
+    assert compiled_of(fast).kinds == KINDS  # one row x one token too
     return fast
 
 
 def test_a_bucketed_batch_decodes_what_the_eager_batch_decodes(model_dirs) -> None:
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=False)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
     engine = Engine(_graphed(target))
     got = run_batch(engine, mixed_jobs(engine, _graphed(draft, draft=True)))
     assert [r.token_ids for r in got] == [r.token_ids for r in eager]
-    graphs = engine.target.compiled.graphs  # type: ignore[union-attr]
+    graphs = compiled_of(engine.target).graphs  # type: ignore[union-attr]
     assert graphs is not None and not graphs.capture and graphs.captures == 0  # CPU: none
 
 
@@ -54,8 +56,9 @@ def _filled(lm: LoadedModel, lengths: list[int]) -> tuple[SlotCache, list[int]]:
     slots = [cache.take() for _ in lengths]
     feeds = [[1 + (5 * s + j) % 50 for j in range(n)] for s, n in enumerate(lengths)]
     with torch.inference_mode():
-        batched_forward(lm.model, cache_kwarg(lm.model), cache, slots, feeds, lm.device,
-                        keep_last=True, decoder=lm.decoder)  # fmt: skip
+        batched_forward(
+            lm.model, Step(cache, slots, feeds, keep_last=True), Accelerated(lean_of(lm))
+        )
     for s, n in zip(slots, lengths, strict=True):
         cache.length[s] = n
     return cache, slots
@@ -65,19 +68,23 @@ def test_padding_writes_nothing_a_real_row_reads(model_dirs) -> None:
     """A step of 3 rows x 3 tokens pads to 4 x 4: the filler row and the filler tokens
     write only past a row's fed positions (the filler row past the slot's capacity), and
     the real rows' logits and keys agree with the eager step's."""
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     fast = _graphed(target)
     lengths = [5, 9, 2, 7]
     feeds = [[3, 4, 5], [6], [7, 8]]  # rows 0-2 step; slot 3 stays out of it
     ref_cache, slots = _filled(target, lengths)
     cache, _ = _filled(target, lengths)
     before = [k.clone() for k in cache.buffers()[0]]
-    kwarg = cache_kwarg(target.model)
+    cache_kwarg(target.model)
     with torch.inference_mode():
-        ref = batched_forward(target.model, kwarg, ref_cache, slots[:3], feeds, target.device,
-                              decoder=target.decoder)  # fmt: skip
-        got = batched_forward(target.model, kwarg, cache, slots[:3], feeds, target.device,
-                              compiled=fast.compiled, decoder=target.decoder)  # fmt: skip
+        ref = batched_forward(
+            target.model, Step(ref_cache, slots[:3], feeds), Accelerated(lean_of(target))
+        )
+        got = batched_forward(
+            target.model,
+            Step(cache, slots[:3], feeds),
+            Accelerated(lean_of(target), compiled_of(fast)),
+        )
     for a, b in zip(ref, got, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     for layer, (old, new, eager) in enumerate(
@@ -97,15 +104,15 @@ def test_captured_graphs_on_cuda_decode_what_eager_decodes(model_dirs, inductor)
     """fp32 on the GPU: a mixed batch through captured graphs (the eager lean step, and the
     inductor-compiled one, inside them) against the eager batch; padding changes the
     products' shapes, so any parting must be a near tie."""
-    target = load_model(model_dirs["llama"], device="cuda", dtype=torch.float32)
-    draft = load_model(model_dirs["draft"], device="cuda", dtype=torch.float32)
+    target = load_fast(model_dirs["llama"], device="cuda", dtype=torch.float32)
+    draft = load_fast(model_dirs["draft"], device="cuda", dtype=torch.float32)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
     fast_target, _ = compiled_model(target, 8, inductor=inductor, graphs=True)
     fast_draft, _ = compiled_model(draft, 8, draft=True, inductor=inductor, graphs=True)
     engine = Engine(fast_target)
     jobs = mixed_jobs(engine, fast_draft)
     got = run_batch(engine, jobs)
-    graphs = fast_target.compiled.graphs  # type: ignore[union-attr]
+    graphs = compiled_of(fast_target).graphs  # type: ignore[union-attr]
     assert graphs is not None and graphs.capture and graphs.captures > 0
     for job, a, b in zip(jobs, eager, got, strict=True):
         if a.token_ids != b.token_ids:
@@ -121,26 +128,26 @@ def test_captured_graphs_on_cuda_decode_what_eager_decodes(model_dirs, inductor)
 def test_a_bucket_that_cannot_be_recorded_turns_graphs_off_and_runs_eager(
     model_dirs, monkeypatch, caplog
 ) -> None:
-    from gateway.engine.graphs import GraphedSteps
+    from gateway.speed.graphs import GraphedSteps
 
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=False)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
     monkeypatch.setattr(GraphedSteps, "_record", broken)
     engine = Engine(_graphed(target))
     got = run_batch(engine, mixed_jobs(engine, _graphed(draft, draft=True)))
     assert [r.token_ids for r in got] == [r.token_ids for r in eager]
-    graphs = engine.target.compiled.graphs  # type: ignore[union-attr]
+    graphs = compiled_of(engine.target).graphs  # type: ignore[union-attr]
     assert graphs is not None and graphs.failed is not None
     assert not graphs.serves(1, 1, engine.batch(2).cache)
     assert "CUDA graphs off" in caplog.text
 
 
 def test_a_step_whose_padded_width_would_pass_the_slot_pad_is_not_bucketed() -> None:
-    from gateway.engine.graphs import GraphedSteps
+    from gateway.speed.graphs import GraphedSteps
 
     cpu = torch.device("cpu")
     graphs = GraphedSteps(lambda *a: None, 8, 16, cpu)  # type: ignore[arg-type, return-value]

@@ -8,11 +8,12 @@ import logging
 import pytest
 from torch._dynamo.utils import counters
 
-from gateway.engine import Engine, load_model
-from gateway.engine.compiled import compiled_model
-from gateway.engine.precompile import Job, claimer, start, take_last
-
-from .test_batch import mixed_jobs, run_batch
+from gateway.engine import Engine
+from gateway.speed import load_fast
+from gateway.speed.fast import compiled_of
+from gateway.speed.precompile import Job, claimer, start, take_last
+from gateway.speed.warmup import compiled_model
+from tests.support.batch import mixed_jobs, run_batch
 
 pytestmark = pytest.mark.compile
 
@@ -20,9 +21,9 @@ KINDS = ["1x1", "1xN", "Bx1", "BxN"]
 
 
 def test_what_a_helper_compiled_loads_here_without_tracing(model_dirs, tmp_path) -> None:
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     # the draft's linear forward was decided here (weight-major): the helper must load it so
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=True)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=True)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
 
     # the batch's rows (run_batch's 8): a step is compiled for its slot buffers' shape;
@@ -37,7 +38,7 @@ def test_what_a_helper_compiled_loads_here_without_tracing(model_dirs, tmp_path)
     fast_target, _ = compiled_model(target, 8, store=tmp_path)
     fast_draft, _ = compiled_model(draft, 8, draft=True, store=tmp_path)
     for fast in (fast_target, fast_draft):
-        assert sorted(fast.compiled.step.loaded) == KINDS  # type: ignore[union-attr]
+        assert sorted(compiled_of(fast).step.loaded) == KINDS  # type: ignore[union-attr]
     engine = Engine(fast_target)
     got = run_batch(engine, mixed_jobs(engine, fast_draft))
     assert [r.token_ids for r in got] == [r.token_ids for r in eager]
@@ -46,7 +47,7 @@ def test_what_a_helper_compiled_loads_here_without_tracing(model_dirs, tmp_path)
 
 def test_a_helper_that_fails_says_so(tmp_path, caplog) -> None:
     job = Job(str(tmp_path / "no-model"), "cpu", "float32", False, False, 4, False)
-    with caplog.at_level(logging.INFO, logger="gateway.engine.precompile"):
+    with caplog.at_level(logging.INFO, logger="gateway.speed.precompile"):
         assert not start([job], tmp_path / "store").wait(120)
     assert "compile helper failed (exit 1)" in caplog.text
     assert "compile helper: " in caplog.text  # its output (the traceback) is in the log
@@ -66,7 +67,7 @@ def test_taking_the_last_kinds_stops_where_the_helper_is(model_dirs, tmp_path, c
     helper claimed (it goes from the first on: those before are its own too); the taken
     ones are stored, the rest left to the helper (here nobody compiles them: the final
     load does, as after a dead helper)."""
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=True)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=True)
     store, claims = tmp_path / "store", tmp_path / "claims"
     claims.mkdir()
     at = "BxN"  # warm_up's order is 1xN, Bx1, BxN, 1x1: the helper is at its third kind
@@ -83,13 +84,13 @@ def test_taking_the_last_kinds_stops_where_the_helper_is(model_dirs, tmp_path, c
     # what was taken loads (the kinds not taken would only compile here: the glob above
     # shows that none of them was stored)
     fast, _ = compiled_model(draft, 8, draft=True, store=store, kinds=frozenset({"1x1"}))
-    assert fast.compiled.step.loaded == ["1x1"]  # type: ignore[union-attr]
+    assert compiled_of(fast).step.loaded == ["1x1"]  # type: ignore[union-attr]
 
 
 def test_a_kind_stored_by_an_earlier_start_is_passed_over(model_dirs, tmp_path) -> None:
     """A stored kind is not where the helper is (it may be an earlier start's): the taking
     goes on back past it, to the kinds before it, until the helper's claim."""
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=True)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=True)
     store, claims = tmp_path / "store", tmp_path / "claims"
     claims.mkdir()
     compiled_model(draft, 8, draft=True, store=store, kinds=frozenset({"1x1"}))  # stored

@@ -5,7 +5,7 @@ kernels with), kept in torch's extensions folder, and loaded into the process.
 packed_linear.py calls `load` when it defines the op, and registers its Python kernel
 instead where this returns False: no compiler, no writable folder, a failed build or load
 (logged once, with the reason). Both kernels compute the same products with the same
-calls, bitwise (tests/unit/engine/test_packed_linear.py).
+calls, bitwise (tests/unit/speed/test_packed_linear.py).
 
 `make` builds it with the install (by importing packed_linear), so a process only loads
 it; one started after its source changed builds it first (about 10 s on 2 cores).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-log = logging.getLogger("gateway.engine.native")
+log = logging.getLogger("gateway.speed.native")
 
 SOURCE = Path(__file__).with_name("linear_rows.cpp")
 BUILD_TIMEOUT_S = 300

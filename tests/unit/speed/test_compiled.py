@@ -23,23 +23,15 @@ from gateway.engine import (
     DecodeResult,
     Engine,
     LoadedModel,
-    cpu_linear,
-    load_model,
-    packed_linear,
 )
-from gateway.engine.batch.forward import batched_forward
-from gateway.engine.compiled import (
-    FASTER,
-    MAX_PREFILL,
-    MAX_TOKENS,
-    CompiledForwards,
-    compiled_model,
-    faster_kinds,
-)
-from gateway.engine.models import cache_kwarg, wrap_model
-
-from .conftest import llama
-from .test_batch import Job, draft_jobs, drive, greedy, mixed_jobs, run_batch
+from gateway.engine.batch.forward import Step, batched_forward
+from gateway.speed import cpu_linear, load_fast, packed_linear, wrap_fast
+from gateway.speed.compiled import CompiledForwards
+from gateway.speed.fast import Accelerated, compiled_of, lean_of
+from gateway.speed.kinds import FASTER, MAX_PREFILL, MAX_TOKENS
+from gateway.speed.warmup import compiled_model, faster_kinds, with_compiled
+from tests.support.batch import Job, draft_jobs, drive, greedy, mixed_jobs, run_batch
+from tests.support.models import llama
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile is not available"),
@@ -71,20 +63,20 @@ def stored_targets(model_dirs, tmp_path_factory) -> Iterator[Callable[[bool], St
     compile ahead of time costs tens of seconds, and its artifacts bypass inductor's
     cache); the other tests of compiling and saving compile their own. Its tests are one
     unit of work under pytest-xdist (tests/conftest.py GROUPS): one worker compiles each."""
-    from gateway.engine import compiled as compiled_module
-    from gateway.engine.compiled import Precompiled
+    from gateway.speed import compiled as compiled_module
+    from gateway.speed.store import Precompiled
 
     built: dict[bool, Stored] = {}
 
     def get(weight_major: bool) -> Stored:
         if weight_major not in built:
             store = tmp_path_factory.mktemp("stored-target")
-            target = load_model(model_dirs["llama"], device="cpu", cpu_linear=weight_major)
+            target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=weight_major)
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # it serves prefill chunks
                 fast, _ = compiled_model(target, 4, store=store)
-            assert fast.compiled is not None and isinstance(fast.compiled.step, Precompiled)
-            step = fast.compiled.step
+            assert compiled_of(fast) is not None and isinstance(compiled_of(fast).step, Precompiled)
+            step = compiled_of(fast).step
             built[weight_major] = Stored(
                 target, fast, store, list(step.loaded), len(list(store.glob("step-*.pt"))),
                 [k for k, fn in step.fns.items() if fn is None],
@@ -107,8 +99,8 @@ def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(
 ) -> None:
     """With the weight-major linear too: its several-row products are then the packed op
     (packed_linear.py), which must find each weight's pack and not pack it again."""
-    target = load_model(model_dirs[arch], device="cpu", cpu_linear=weight_major)
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=weight_major)
+    target = load_fast(model_dirs[arch], device="cpu", cpu_linear=weight_major)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=weight_major)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
 
     graphs = counters["stats"]["unique_graphs"]
@@ -132,8 +124,8 @@ def test_a_compiled_batch_decodes_what_the_eager_batch_decodes(
     assert packed_linear.KERNEL.packs_made() == packs  # every pack found again, none per call
     # the compiled steps called the packed op: their joined projections, which only they
     # use, have packs; without the weight-major linear they have none
-    assert fast_target.decoder is not None and fast_target.decoder.joined is not None
-    joined = [w for j in fast_target.decoder.joined for w in (j.qkv.weight, j.gate_up.weight)]
+    assert lean_of(fast_target) is not None and lean_of(fast_target).joined is not None
+    joined = [w for j in lean_of(fast_target).joined for w in (j.qkv.weight, j.gate_up.weight)]
     has_pack = {packed_linear.KERNEL.has_pack(w) for w in joined}
     assert has_pack == {weight_major and packed_linear.AVAILABLE}
 
@@ -146,16 +138,16 @@ def test_a_compiled_draft_runs_its_reduced_head_in_its_step_and_drafts_what_eage
     what the eager draft gives. The draft is the target's own model drafting among half
     the vocabulary: it is accepted exactly where the target's choice lies in the subset
     (through the full head it would be accepted everywhere)."""
-    from gateway.engine.batch.forward import batched_forward
-    from gateway.engine.compiled import _scratch
+    from gateway.engine.batch.forward import Step, batched_forward
+    from gateway.speed.warmup import _scratch
 
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     subset = list(range(0, len(tokenizer), 2))
-    draft = wrap_model(target.model, tokenizer, draft_vocab=subset, cpu_linear=False)
+    draft = wrap_fast(target.model, tokenizer, draft_vocab=subset, cpu_linear=False)
     engine = Engine(target)
     eager = run_batch(engine, draft_jobs(draft))
     fast, _ = compiled_model(draft, 8, draft=True)
-    assert fast.compiled is not None and fast.compiled.head is draft.draft_head
+    assert compiled_of(fast) is not None and compiled_of(fast).head is draft.draft_head
     got = run_batch(engine, draft_jobs(fast))
     for a, b in zip(eager, got, strict=True):
         assert b.token_ids == a.token_ids
@@ -165,13 +157,16 @@ def test_a_compiled_draft_runs_its_reduced_head_in_its_step_and_drafts_what_eage
     outside[subset] = False
     with torch.inference_mode():
         outs = []
-        for compiled in (None, fast.compiled):
+        for compiled in (None, compiled_of(fast)):
             cache, slots = _scratch(fast, [[3, 4, 5], [6, 7]])
             cache.length[slots[0]], cache.length[slots[1]] = 3, 2
-            outs.append(batched_forward(
-                fast.model, cache_kwarg(fast.model), cache, slots, [[8], [9]], fast.device,
-                keep_last=True, compiled=compiled, decoder=fast.decoder, head=fast.draft_head,
-            ))  # fmt: skip
+            outs.append(
+                batched_forward(
+                    fast.model,
+                    Step(cache, slots, [[8], [9]], keep_last=True, head=fast.draft_head),
+                    Accelerated(lean_of(fast), compiled),
+                )
+            )
     for a, b in zip(*outs, strict=True):
         assert b.shape == (1, len(tokenizer)) and torch.isneginf(b[0, outside]).all()
         torch.testing.assert_close(b[0, ~outside], a[0, ~outside], rtol=1e-5, atol=1e-5)
@@ -184,11 +179,11 @@ def test_each_kind_traces_one_layer_and_reuses_its_code_for_the_others(tokenizer
     decoder's logits (to rounding: fused kernels, another attention kernel)."""
     from torch._dynamo.utils import compilation_time_metrics as timed
 
-    from gateway.engine.batch.forward import batched_forward
-    from gateway.engine.compiled import _scratch
+    from gateway.engine.batch.forward import Step, batched_forward
+    from gateway.speed.warmup import _scratch
 
     def model(seed: int, layers: int) -> LoadedModel:
-        return wrap_model(llama(len(tokenizer), tokenizer.eos_token_id, seed, layers), tokenizer)
+        return wrap_fast(llama(len(tokenizer), tokenizer.eos_token_id, seed, layers), tokenizer)
 
     for layers in (1, 2):  # two other models' steps first: 8 compiled entries, torch's
         compiled_model(model(6, layers), 4)  # limit per function (each step has its own)
@@ -202,13 +197,16 @@ def test_each_kind_traces_one_layer_and_reuses_its_code_for_the_others(tokenizer
         caches = [_scratch(fast, [[3, 4, 5], [6, 7], [8, 9, 10, 11]]) for _ in range(2)]
         for feeds in ([[12]], [[13, 14]], [[15], [16], [17]], [[18, 19], [20, 21], [22, 23]]):
             outs = []
-            for (cache, slots), compiled in zip(caches, (None, fast.compiled), strict=True):
+            for (cache, slots), compiled in zip(caches, (None, compiled_of(fast)), strict=True):
                 for s, n in zip(slots, (3, 2, 4), strict=True):
                     cache.length[s] = n
-                outs.append(batched_forward(
-                    lm.model, cache_kwarg(lm.model), cache, slots[: len(feeds)], feeds,
-                    lm.device, compiled=compiled, decoder=lm.decoder,
-                ))  # fmt: skip
+                outs.append(
+                    batched_forward(
+                        lm.model,
+                        Step(cache, slots[: len(feeds)], feeds),
+                        Accelerated(lean_of(lm), compiled),
+                    )
+                )
             for a, b in zip(*outs, strict=True):
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
         # on a CPU a one-token step attends with the plain products inductor fuses, not
@@ -220,9 +218,10 @@ def test_each_kind_traces_one_layer_and_reuses_its_code_for_the_others(tokenizer
         for feeds in ([[24], [25], [26]], [[27]]):
             with torch.profiler.profile() as prof:
                 batched_forward(
-                    lm.model, cache_kwarg(lm.model), cache, slots[: len(feeds)], feeds,
-                    lm.device, compiled=fast.compiled, decoder=lm.decoder,
-                )  # fmt: skip
+                    lm.model,
+                    Step(cache, slots[: len(feeds)], feeds),
+                    Accelerated(lean_of(lm), compiled_of(fast)),
+                )
             ops.append({e.name for e in prof.events()})
             assert not [n for n in ops[-1] if "scaled_dot_product" in n]
         assert "aten::mm" in ops[0]  # three rows: torch's mm
@@ -260,8 +259,8 @@ def test_a_step_runs_compiled_only_for_the_kinds_kept() -> None:
 def test_auto_keeps_the_kinds_it_measured_faster_and_decodes_what_eager_decodes(
     model_dirs,
 ) -> None:
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=False)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
 
     said: list[str] = []
@@ -270,13 +269,13 @@ def test_auto_keeps_the_kinds_it_measured_faster_and_decodes_what_eager_decodes(
         (k, float(r)) for k, r in re.findall(r"(1x1|1xN|Bx1|BxN) ([0-9.]+)", said[-1])
     )  # the log line gives compiled/eager per kind: all three were measured
     assert set(ratios) == {"1x1", "1xN", "Bx1", "BxN"} and all(r > 0 for r in ratios.values())
-    kept = fast.compiled.kinds if fast.compiled is not None else frozenset()
+    kept = compiled_of(fast).kinds if compiled_of(fast) is not None else frozenset()
     assert kept == faster_kinds(ratios)
     # whatever this machine kept, a batch with only some kinds compiled (here: every
     # multi-row step compiled, one-row steps eager) decodes what eager decodes
-    compiled = compiled_model(target, 8)[0].compiled  # run_batch's rows: its buffers' shape
+    compiled = compiled_of(compiled_model(target, 8)[0])  # run_batch's rows: its buffers' shape
     assert compiled is not None
-    part = replace(target, compiled=replace(compiled, kinds=frozenset({"Bx1", "BxN"})))
+    part = with_compiled(target, replace(compiled, kinds=frozenset({"Bx1", "BxN"})))
     engine = Engine(part)
     got = run_batch(engine, mixed_jobs(engine, draft))
     for a, b in zip(eager, got, strict=True):
@@ -289,18 +288,18 @@ def test_a_target_serves_prefill_chunks_only_where_its_head_is_small_against_its
     """Every position's logits cost the head's product per token: a target whose head has
     more than HEAD_SHARE of its layers' weights keeps eager prefills; a draft's step (the
     last position) serves its own either way."""
-    from gateway.engine import compiled
+    from gateway.speed import compiled
 
-    lm = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    assert lm.decoder is not None
+    lm = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
+    assert lean_of(lm) is not None
     head = lm.model.get_output_embeddings().weight.numel()
     share = head / sum(p.numel() for p in lm.model.base_model.layers.parameters())
     for bound, served in ((share * 1.01, True), (share * 0.99, False)):
         monkeypatch.setattr(compiled, "HEAD_SHARE", bound)
-        fast = compiled.compile_forwards(lm.decoder, keep_last=False, inductor=False)
+        fast = compiled.compile_forwards(lean_of(lm), keep_last=False, inductor=False)
         assert fast.prefill_all is served
         assert fast.serves(1, 40, keep_last=True, backbone=False, head=None) is served
-        draft = compiled.compile_forwards(lm.decoder, keep_last=True, inductor=False)
+        draft = compiled.compile_forwards(lean_of(lm), keep_last=True, inductor=False)
         assert not draft.prefill_all
         assert draft.serves(1, 40, keep_last=True, backbone=False, head=None)
 
@@ -309,18 +308,18 @@ def test_a_step_whose_keys_span_one_position_runs_eager(stored_target: Stored) -
     """A 2-token prompt prefills one token at position 0: a key span of 1, which no traced
     step takes (torch specialises sizes of 1; a precompiled step's guards refuse it and the
     jit would trace anew): it runs eager, on a batch whose step is compiled."""
-    from gateway.engine.compiled import Precompiled
+    from gateway.speed.store import Precompiled
 
     fast = stored_target.fast  # compiled ahead of time, serving prefill chunks
-    assert fast.compiled is not None and fast.compiled.prefill_all
-    assert fast.compiled is not None and isinstance(fast.compiled.step, Precompiled)
+    assert compiled_of(fast) is not None and compiled_of(fast).prefill_all
+    assert compiled_of(fast) is not None and isinstance(compiled_of(fast).step, Precompiled)
     warm = counters["stats"]["unique_graphs"]
     engine = Engine(fast)
     batch = engine.batch(4)
     reqs = [DecodeRequest((5, 9, 11), greedy(3)), DecodeRequest((7, 4), greedy(3))]
     got = drive(batch, engine, [Job(0, reqs[0]), Job(2, reqs[1])])
     assert [r.token_ids for r in got] == [engine.run(r).token_ids for r in reqs]
-    assert not fast.compiled.step.refused
+    assert not compiled_of(fast).step.refused
     assert counters["stats"]["unique_graphs"] == warm
 
 
@@ -334,12 +333,12 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
     refuse, and the same greedy tokens as eager. With the weight-major linear too, whose
     products of more than cpu_linear.ROWS_MAX rows (the pair's chunk: 2 x 89) must not be
     a shape the step's guards refuse."""
-    from gateway.engine import compiled as compiled_module
-    from gateway.engine.compiled import Precompiled
+    from gateway.speed import compiled as compiled_module
+    from gateway.speed.store import Precompiled
 
     shared: Stored = stored_targets(weight_major)  # the target, compiled ahead of time
     target = shared.target  # for 4 rows, serving prefill chunks (HEAD_SHARE raised)
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=weight_major)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=weight_major)
     prompts = [tuple((i * 7 + r) % 200 + 3 for i in range(n)) for r, n in enumerate((41, 90, 63))]
     spec = {"mode": "speculative", "k_min": 1, "k_max": 4}
 
@@ -354,7 +353,7 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
     eager = drive(Engine(target).batch(4), Engine(target), jobs(draft))
     monkeypatch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # the tiny model's head is large
     fast_target = shared.fast
-    assert fast_target.compiled is not None and fast_target.compiled.prefill_all
+    assert compiled_of(fast_target) is not None and compiled_of(fast_target).prefill_all
     fast_draft, _ = compiled_model(draft, 4, draft=True, store=tmp_path)
     widths: list[int] = []
     call = Precompiled.__call__
@@ -374,16 +373,16 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
     assert {89, 62} <= set(widths)
     assert cpu_linear.ROWS_MAX < 2 * 89  # the pair's chunk: more rows than ROWS_MAX
     for fast in (fast_target, fast_draft):
-        assert fast.compiled is not None and isinstance(fast.compiled.step, Precompiled)
-        assert not fast.compiled.step.refused
+        assert compiled_of(fast) is not None and isinstance(compiled_of(fast).step, Precompiled)
+        assert not compiled_of(fast).step.refused
     # what a prefill returns: each row's last position, as eager's
-    assert fast_target.compiled is not None
+    assert compiled_of(fast_target) is not None
     layers = int(target.model.config.num_hidden_layers)
-    cache = fast_target.compiled.slot_cache(layers, fast_target.context_length)
+    cache = compiled_of(fast_target).slot_cache(layers, fast_target.context_length)
     slots, feeds = [cache.take(), cache.take()], [list(prompts[0][:40]), list(prompts[1][:70])]
     out: dict[bool, list[torch.Tensor]] = {}
     # the step leaves the head to the caller, who multiplies each row's last position only
-    head = fast_target.compiled.outer_head
+    head = compiled_of(fast_target).outer_head
     assert head is not None
     headed: list[tuple[int, ...]] = []
 
@@ -391,15 +390,15 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
         headed.append(tuple(h.shape))
         return head(h)
 
-    step = replace(fast_target.compiled, outer_head=counted)
+    step = replace(compiled_of(fast_target), outer_head=counted)
     with torch.inference_mode():
         for compiled in (False, True):  # eager first: the cache's first forward allocates it
             cache.length[slots[0]] = cache.length[slots[1]] = 0
             out[compiled] = batched_forward(
-                target.model, cache_kwarg(target.model), cache, slots, feeds, "cpu",
-                keep_last=True, compiled=step if compiled else None,
-                decoder=fast_target.decoder,
-            )  # fmt: skip
+                target.model,
+                Step(cache, slots, feeds, keep_last=True),
+                Accelerated(lean_of(fast_target), step if compiled else None),
+            )
     assert widths[-1] == 70
     assert headed == [(2, target.model.config.hidden_size)]
     for a, b in zip(out[True], out[False], strict=True):
@@ -416,11 +415,11 @@ def test_a_precompiled_step_is_saved_then_loaded_without_tracing(
     decodes; with torch's linear forward and with the weight-major one (a bound method the
     artifact refers to by name). The first start is `stored_targets`' (what it did, seen as
     it returned), the batch its 4 rows: the first four of the mixed jobs."""
-    from gateway.engine.compiled import Precompiled
+    from gateway.speed.store import Precompiled
 
     first = stored_targets(weight_major)
     target, store = first.target, first.store
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=False)
 
     def jobs(engine: Engine) -> list[Job]:
         return mixed_jobs(engine, draft)[:4]  # at most 4 rows at a time
@@ -432,9 +431,9 @@ def test_a_precompiled_step_is_saved_then_loaded_without_tracing(
     assert len(list(store.glob("step-*.pt"))) == 4
     traced = counters["stats"]["unique_graphs"]
     again, _ = compiled_model(target, 4, store=store)
-    assert again.compiled is not None and isinstance(again.compiled.step, Precompiled)
-    assert again.compiled.step is not first.fast.compiled.step  # type: ignore[union-attr]
-    assert sorted(again.compiled.step.loaded) == ["1x1", "1xN", "Bx1", "BxN"]
+    assert compiled_of(again) is not None and isinstance(compiled_of(again).step, Precompiled)
+    assert compiled_of(again).step is not compiled_of(first.fast).step  # type: ignore[union-attr]
+    assert sorted(compiled_of(again).step.loaded) == ["1x1", "1xN", "Bx1", "BxN"]
     assert counters["stats"]["unique_graphs"] == traced  # nothing traced on the restart
     engine = Engine(again)
     got = run_batch(engine, jobs(engine), max_rows=4)
@@ -450,7 +449,7 @@ def test_a_call_a_precompiled_step_refuses_runs_just_in_time_and_the_log_says_so
     kind, not once per step."""
     import logging
 
-    from gateway.engine.compiled import Precompiled
+    from gateway.speed.store import Precompiled
 
     class Artifact:  # accepts up to 4 tokens a row
         def guard_check(self, inputs: torch.Tensor, *rest: object) -> bool:
@@ -462,7 +461,7 @@ def test_a_call_a_precompiled_step_refuses_runs_just_in_time_and_the_log_says_so
     step = Precompiled(None, lambda *args: "jit", None, None, tmp_path, "x")  # type: ignore[arg-type]
     step.fns["1xN"] = Artifact()
     keys, values = [torch.zeros(2, 1, 8, 4)], [torch.zeros(2, 1, 8, 4)]
-    with caplog.at_level(logging.WARNING, "gateway.engine.compiled"):
+    with caplog.at_level(logging.WARNING, "gateway.speed.compiled"):
         got = [
             step(
                 torch.zeros(6, 1, t, dtype=torch.long),
@@ -485,7 +484,7 @@ def test_a_precompiled_step_checks_its_guards_once_per_shape_span_class_and_cach
     `_call_key` passed before skips them: the same rows and tokens, a key span of 2 or
     more inside the buffers, the same slot buffers, the same grad and inference mode. Any
     other call is checked, and one the guards refuse is served just in time."""
-    from gateway.engine.compiled import Precompiled
+    from gateway.speed.store import Precompiled
 
     checked: list[tuple[int, ...]] = []
 
@@ -530,13 +529,13 @@ def test_another_model_config_does_not_load_a_precompiled_step(
     buffers (4 rows, the same context): its one-row one-token kind (one kind is enough:
     the fingerprint is the model's, the same for every kind) is not the target's, loaded,
     but compiled and saved beside it."""
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=False)
     for path in stored_target.store.glob("step-*.pt"):  # the target's 4 rows' steps
         shutil.copy(path, tmp_path)
     assert len(list(tmp_path.glob("step-*.pt"))) == 4
     other, _ = compiled_model(draft, 4, store=tmp_path, kinds=frozenset({"1x1"}))
-    assert other.compiled is not None and other.compiled.step.loaded == []  # type: ignore[union-attr]
-    assert list(other.compiled.step.fns) == ["1x1"]  # type: ignore[union-attr]
+    assert compiled_of(other) is not None and compiled_of(other).step.loaded == []  # type: ignore[union-attr]
+    assert list(compiled_of(other).step.fns) == ["1x1"]  # type: ignore[union-attr]
     assert len(list(tmp_path.glob("step-*.pt"))) == 5
 
 
@@ -547,11 +546,11 @@ def test_a_step_is_compiled_for_its_batchs_slot_buffers(model_dirs, tmp_path) ->
     whose guards would refuse every call), and the cost probe times the batch's own
     buffers (a bucket past its rows at its rows), tracing nothing more."""
     from gateway.engine.batch.slots import slot_pad
-    from gateway.engine.compiled import stored
+    from gateway.speed.store import stored
 
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     fast, _ = compiled_model(target, 3, store=tmp_path)
-    assert fast.compiled is not None and fast.compiled.buffers == (
+    assert compiled_of(fast) is not None and compiled_of(fast).buffers == (
         3,
         target.context_length + slot_pad(),
     )
@@ -564,9 +563,9 @@ def test_a_step_is_compiled_for_its_batchs_slot_buffers(model_dirs, tmp_path) ->
     assert counters["stats"]["unique_graphs"] == traced
     one = frozenset({"1x1"})
     other, _ = compiled_model(target, 2, store=tmp_path, kinds=one)
-    assert other.compiled is not None and other.compiled.step.loaded == []  # type: ignore[union-attr]
+    assert compiled_of(other) is not None and compiled_of(other).step.loaded == []  # type: ignore[union-attr]
     again, _ = compiled_model(target, 3, store=tmp_path, kinds=one)
-    assert again.compiled is not None and again.compiled.step.loaded == ["1x1"]  # type: ignore[union-attr]
+    assert compiled_of(again) is not None and compiled_of(again).step.loaded == ["1x1"]  # type: ignore[union-attr]
     assert len(list(tmp_path.glob("step-*.pt"))) == 5
 
 
@@ -575,12 +574,12 @@ def test_a_store_that_cannot_be_written_still_serves_the_compiled_step(
 ) -> None:
     """The steps compiled ahead of time serve this start even where saving them fails (the
     next start compiles again); the log says which kinds were loaded, built, or jit."""
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     said: list[str] = []
     fast, _ = compiled_model(target, 4, store=blocked / "store", progress=said.append)
-    step = fast.compiled.step  # type: ignore[union-attr]
+    step = compiled_of(fast).step  # type: ignore[union-attr]
     assert all(fn is not None for fn in step.fns.values()) and len(step.fns) == 4
     assert "loaded precompiled: none; compiled ahead of time: 1x1, 1xN, Bx1, BxN" in said[-1]
 
@@ -589,8 +588,8 @@ def test_a_one_row_batch_is_served_by_the_steps_its_start_compiled(model_dirs, t
     """GATEWAY_MAX_BATCH=1: the warm-up compiles the one-row kinds on a one-slot cache, as
     the batch's is (a one-slot buffer is a size torch specialises), so serving traces
     nothing and the precompiled steps' guards accept every step."""
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
-    draft = load_model(model_dirs["draft"], device="cpu", cpu_linear=False)
+    target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
+    draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=False)
 
     def one_by_one(engine: Engine, draft: LoadedModel) -> list[DecodeResult]:
         batch = engine.batch(1)
@@ -600,7 +599,7 @@ def test_a_one_row_batch_is_served_by_the_steps_its_start_compiled(model_dirs, t
 
     fast_target, _ = compiled_model(target, 1, store=tmp_path)
     fast_draft, _ = compiled_model(draft, 1, draft=True, store=tmp_path)
-    steps = [fast_target.compiled.step, fast_draft.compiled.step]  # type: ignore[union-attr]
+    steps = [compiled_of(fast_target).step, compiled_of(fast_draft).step]  # type: ignore[union-attr]
     assert all(sorted(s.fns) == ["1x1", "1xN"] for s in steps)  # no multi-row kind
     traced = counters["stats"]["unique_graphs"]
     engine = Engine(fast_target)
@@ -618,28 +617,26 @@ def test_a_several_token_step_over_scattered_slots_reads_each_rows_own_keys(
     arranged, a filler row in each gap (batch/forward.py `contiguous_rows`). Each row's
     logits must be the eager forward's, in the caller's row order, and the gaps' slots must
     keep their committed keys."""
-    from gateway.engine.batch.forward import batched_forward
+    from gateway.engine.batch.forward import Step, batched_forward
     from gateway.engine.batch.slots import SlotCache, slot_pad
 
-    target = load_model(model_dirs["llama"], device="cpu", cpu_linear=False)
+    target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     fast, _ = compiled_model(target, 4)
-    kwarg = cache_kwarg(target.model)
     layers = int(target.model.config.num_hidden_layers)
     cache = SlotCache(layers, 4, target.context_length, pad=slot_pad())
     slots = [cache.take() for _ in range(4)]
     prompts = [[3, 5, 7, 9, 11], [4, 6], [8, 10, 12, 14, 16, 18, 20], [13, 15, 17]]
     with torch.inference_mode():
         for slot, ids in zip(slots, prompts, strict=True):  # eager prefill, committed
-            batched_forward(target.model, kwarg, cache, [slot], [ids], target.device,
-                            decoder=target.decoder)  # fmt: skip
+            batched_forward(target.model, Step(cache, [slot], [ids]), Accelerated(lean_of(target)))
             cache.length[slot] = len(ids)
         keys, _ = cache.buffers()
         kept = {s: keys[0][s, :, : cache.length[s]].clone() for s in (1, 2)}
         rows, feeds = [3, 0], [[21, 22, 23], [24, 25]]  # out of order, slots 1 and 2 a gap
-        got = batched_forward(target.model, kwarg, cache, rows, feeds, target.device,
-                              compiled=fast.compiled, decoder=target.decoder)  # fmt: skip
-        want = batched_forward(target.model, kwarg, cache, rows, feeds, target.device,
-                               decoder=target.decoder)  # fmt: skip
+        got = batched_forward(
+            target.model, Step(cache, rows, feeds), Accelerated(lean_of(target), compiled_of(fast))
+        )
+        want = batched_forward(target.model, Step(cache, rows, feeds), Accelerated(lean_of(target)))
     for g, w, f in zip(got, want, feeds, strict=True):
         assert g.shape == w.shape == (len(f), w.shape[-1])
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)

@@ -19,7 +19,7 @@ keeps its last two positions: a BLAS product of one row rounds otherwise than th
 inside a larger product, and the full forward multiplies the whole chunk.
 
 Which models: the families whose decoder layers have this shape and were checked token for
-token in tests/unit/engine/test_decoder.py (Llama, Mistral, Qwen2), when every layer attends
+token in tests/unit/speed/test_lean.py (Llama, Mistral, Qwen2), when every layer attends
 alike (one mask serves them all). Any other model keeps the transformers forward.
 """
 
@@ -29,13 +29,17 @@ import logging
 import sys
 import types
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.batch.masks import FULL, SLIDING, attention_layout
+from gateway.engine.batch.slots import SlotCache
+from gateway.speed.steps import kept_rows
 
-log = logging.getLogger("gateway.engine.decoder")
+log = logging.getLogger("gateway.speed.lean")
 
 KeyValues = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -62,7 +66,7 @@ class LeanDecoder:
             ),
         )
         # The family's plain attention (matrix product, softmax, matrix product): what a
-        # compiled one-token step runs on a CPU (engine/compiled.py `_family`)
+        # compiled one-token step runs on a CPU (speed/compiled.py `_family`)
         self.plain = Family(source.apply_rotary_pos_emb, source.eager_attention_forward)
         self._layers = list(self.inner.layers[: cfg.num_hidden_layers])
         self._extra = [attention_extra(layer.self_attn) for layer in self._layers]
@@ -95,13 +99,13 @@ class LeanDecoder:
             out += [j.qkv, layer.self_attn.o_proj, j.gate_up, layer.mlp.down_proj]
         return [*out, self.model.get_output_embeddings()]
 
-    def checked(self, kwarg: str) -> LeanDecoder | None:
+    def checked(self) -> LeanDecoder | None:
         """Itself when its logits equal the model's own forward bitwise on a scratch slot
         cache (several rows of different lengths, one token and several); None otherwise,
         with the reason logged. Run once the model's linear forward is settled."""
         kind = getattr(self.model.config, "model_type", None)
         try:
-            if _parity(self.model, kwarg, self):
+            if _parity(self.model, self):
                 return self
             log.warning("%s: transformers forward (lean decoder's logits differ)", kind)
         except Exception as exc:  # an unexpected layout: keep the model's own forward
@@ -115,7 +119,7 @@ class LeanDecoder:
         """(B, T, H) hidden states after the last layer (before the final norm). `kv(i, k,
         v)` stores layer i's new keys and values (B, kv_heads, T, D) and returns the keys and
         values the step attends to: the cache's update (here) or the compiled step's writes
-        into the slot buffers (engine/compiled.py)."""
+        into the slot buffers (speed/compiled.py)."""
         inner = self.inner
         h = inner.embed_tokens.forward(input_ids)  # (B, T, H)
         cos, sin = inner.rotary_emb.forward(h, position_ids)
@@ -155,7 +159,7 @@ class LeanDecoder:
 class Family(torch.nn.Module):
     """The functions a layer calls besides its modules' own: the family's rotary function
     and the model's attention function. A module (holding no weights) so that the compiled
-    step's per-layer region (engine/compiled.py `_layer`) can take it as an argument:
+    step's per-layer region (speed/compiled.py `_layer`) can take it as an argument:
     torch.compile guards a plain object or function argument of a nested region by
     pytree's registry, a guard an ahead-of-time artifact cannot save (torch 2.13)."""
 
@@ -168,7 +172,7 @@ class Family(torch.nn.Module):
 class Joined(torch.nn.Module):
     """A layer's projections that read the same input, each group as one linear layer:
     q, k and v (`qkv`), the MLP's gate and up (`gate_up`). What the compiled step runs
-    (engine/compiled.py): at decode sizes a product's cost is mostly its fixed per-call
+    (speed/compiled.py): at decode sizes a product's cost is mostly its fixed per-call
     part, so 4 products a layer instead of 7 cost less (measured faster on CPU in raw
     products, and each product saved also saves inductor's per-call wrapper work). The
     joined weight owns the memory; the layer's own projections are
@@ -281,33 +285,19 @@ def attention_extra(attention: Any) -> dict[str, Any]:
     return {}
 
 
-def kept_rows(h: torch.Tensor, keep: list[int]) -> torch.Tensor:
-    """The positions of (B, T, H) that a keep_last step's head runs on: row r's keep[r],
-    (B, 1, H); one row keeps its last two positions, (1, 2, H), of which the caller uses the
-    last (a BLAS product of one row rounds otherwise than a product of several, on every
-    CPU measured; which several-row counts round alike depends on the CPU and its BLAS)."""
-    b, t = h.shape[0], h.shape[1]
-    if b > 1:
-        return h[torch.arange(b), torch.tensor(keep)][:, None]
-    return h[:, max(0, t - 2) :]
-
-
-def reference_logits(
-    model: Any, kwarg: str, cache: Any, slots: list[int], feeds: list[list[int]],
-    device: torch.device, keep_last: bool = False, backbone: bool = False,
-) -> list[torch.Tensor]:  # fmt: skip
+def reference_logits(model: Any, step: Step) -> list[torch.Tensor]:
     """What the lean decoder must give bitwise, computed by the model's own forward:
-    `batched_forward` without a decoder, except that a keep_last step's logits are the
+    `batched_forward` without it, except that a keep_last step's logits are the
     model's output head applied to the rows `kept_rows` picks from its final hidden states.
     A head over every position multiplies another number of rows, and a BLAS may round a
     row by how many rows share its product (MKL, for one, may round in classes of row
     counts, which depend on the CPU), so comparing with that would test the BLAS, not the
     decoder."""
-    from gateway.engine.batch.forward import batched_forward
-
-    if not keep_last or backbone:
-        return batched_forward(model, kwarg, cache, slots, feeds, device, keep_last, backbone)
-    hidden = batched_forward(model, kwarg, cache, slots, feeds, device, backbone=True)
+    if not step.keep_last or step.backbone:
+        return batched_forward(model, step)
+    hidden = batched_forward(model, replace(step, keep_last=False, backbone=True))
+    feeds = step.tokens
+    device = hidden[0].device
     t = max(len(f) for f in feeds)
     h = torch.zeros(len(feeds), t, hidden[0].shape[-1], dtype=hidden[0].dtype, device=device)
     for r, x in enumerate(hidden):
@@ -316,12 +306,12 @@ def reference_logits(
     return [out[r, -1:] for r in range(len(feeds))]
 
 
-def build_decoder(model: Any, kwarg: str) -> LeanDecoder | None:
+def build_decoder(model: Any) -> LeanDecoder | None:
     """A LeanDecoder for `model` when its family is one of FAMILIES and its logits equal
     the model's own forward bitwise (`LeanDecoder.checked`); None otherwise, with the
     reason logged."""
     lean = unchecked_decoder(model)
-    return None if lean is None else lean.checked(kwarg)
+    return None if lean is None else lean.checked()
 
 
 def unchecked_decoder(model: Any) -> LeanDecoder | None:
@@ -343,12 +333,11 @@ def unchecked_decoder(model: Any) -> LeanDecoder | None:
     return None
 
 
-def _parity(model: Any, kwarg: str, lean: LeanDecoder) -> bool:
-    from gateway.engine.batch.forward import batched_forward
-    from gateway.engine.batch.slots import SlotCache
+def _parity(model: Any, lean: LeanDecoder) -> bool:
+    from gateway.speed.fast import Accelerated
 
+    fast = Accelerated(lean)
     layers = int(model.config.num_hidden_layers)
-    device = next(model.parameters()).device
     vocab = int(model.get_output_embeddings().weight.shape[0])
     caches = [SlotCache(layers, 2, 64, pad=8) for _ in range(2)]
     steps = [  # (slots, feeds, keep_last)
@@ -360,10 +349,8 @@ def _parity(model: Any, kwarg: str, lean: LeanDecoder) -> bool:
             cache.take(), cache.take()
         for slots, feeds, last in steps:
             feeds = [[x % vocab for x in f] for f in feeds]
-            ref = reference_logits(model, kwarg, caches[0], slots, feeds, device, keep_last=last)
-            got = batched_forward(
-                model, kwarg, caches[1], slots, feeds, device, keep_last=last, decoder=lean
-            )
+            ref = reference_logits(model, Step(caches[0], slots, feeds, keep_last=last))
+            got = batched_forward(model, Step(caches[1], slots, feeds, keep_last=last), fast)
             if not all(torch.equal(a, b) for a, b in zip(ref, got, strict=True)):
                 return False
             for c in caches:

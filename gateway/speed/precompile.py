@@ -1,16 +1,16 @@
 """Compiling some models' steps in a helper process while this process compiles another's.
 
-Why: a cold compile (engine/compiled.py) is mostly one thread of Python (dynamo's tracing,
+Why: a cold compile (speed/compiled.py) is mostly one thread of Python (dynamo's tracing,
 inductor's code generation) that now and then waits on a C++ compiler, so two compiles in
 two processes overlap even on 2 cores: the demo target (53 s alone) and its draft (18.5 s
 alone) compiled side by side in 58 s of wall time, against 72 s one after the other.
 
 How: the caller (serving/models.py) loads every model first, so the linear forward of
-each is decided once, in this process (engine/cpu_linear.py), then `start`s a helper
+each is decided once, in this process (speed/cpu_linear.py), then `start`s a helper
 with one kind of step of the model it compiles itself (`Job.kinds`; the shares come out
 about even) and the jobs of every other model. The helper
-(`python -m gateway.engine.precompile`) loads each model the same way and runs
-`compiled_model` with the same store (engine/compiled.py, Precompiled), which saves each
+(`python -m gateway.speed.precompile`) loads each model the same way and runs
+`compiled_model` with the same store (speed/store.py, Precompiled), which saves each
 kind of step. Which side finishes first depends on the machine, so the shares are not
 left fixed: both processes claim a kind before compiling it (`claimer`), the helper
 going through its jobs from the first kind on, and the caller, done with its own model,
@@ -40,11 +40,11 @@ from typing import IO
 import torch
 
 from gateway.engine.batch.slots import PREFILL_CHUNK
-from gateway.engine.compiled import Claim
-from gateway.engine.cpu_linear import uses_weight_major
 from gateway.engine.models import LoadedModel
+from gateway.speed.cpu_linear import uses_weight_major
+from gateway.speed.kinds import Claim
 
-log = logging.getLogger("gateway.engine.precompile")
+log = logging.getLogger("gateway.speed.precompile")
 
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding the gateway package
 
@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the folder holding the gateway pac
 class Job:
     """One model for the helper to compile: loaded as `load_model(path, device, dtype,
     draft_vocab, cpu_linear=weight_major)` (as the caller loaded it), compiled for `rows`
-    rows of a batch prefilling `prefill_chunk` tokens a row (engine/compiled.py
+    rows of a batch prefilling `prefill_chunk` tokens a row (speed/compiled.py
     `batch_buffers`), as a draft's drafting step or a target's verify step."""
 
     path: str
@@ -65,7 +65,7 @@ class Job:
     draft: bool
     prefill_chunk: int = PREFILL_CHUNK
     kinds: tuple[str, ...] = ()
-    """Only these kinds of step (engine/compiled.py `kind`); empty: every kind."""
+    """Only these kinds of step (speed/kinds.py `kind`); empty: every kind."""
 
     @classmethod
     def of(
@@ -167,7 +167,7 @@ def start(jobs: list[Job], store: Path, models: list[LoadedModel | None] | None 
     env = dict(os.environ)  # the helper imports this gateway's code, wherever it runs from
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.engine.precompile"],
+        [sys.executable, "-m", "gateway.speed.precompile"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         errors="replace", env=env,  # undecodable output must not stop the relay (and the pipe)
     )  # fmt: skip
@@ -207,7 +207,8 @@ def take_last(
     until a kind the helper claimed (the kinds before it are the helper's too); each is
     saved to `store`, where both processes' later loads find it. Returns how many kinds
     were taken. `models`: the helper's jobs with this process's loaded model of each."""
-    from gateway.engine.compiled import compiled_model, left_to_other, step_paths
+    from gateway.speed.store import step_paths
+    from gateway.speed.warmup import compiled_model, left_to_other
 
     claim = claimer(claims)
     taken = 0
@@ -235,8 +236,9 @@ def _relay(stream: IO[str]) -> None:
 
 def main() -> int:
     """The helper: reads its spec (JSON) from stdin, compiles each job into the store."""
-    from gateway.engine.compiled import compiled_model
-    from gateway.engine.models import init_torch_thread, load_model
+    from gateway.engine.models import init_torch_thread
+    from gateway.speed.attach import load_fast
+    from gateway.speed.warmup import compiled_model
 
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
     spec = json.load(sys.stdin)
@@ -247,7 +249,7 @@ def main() -> int:
     for raw in spec["jobs"]:
         job = Job(**{**raw, "kinds": tuple(raw.get("kinds", ()))})
         try:  # a job that fails leaves its model to the caller; the next ones still run
-            lm = load_model(
+            lm = load_fast(
                 job.path, job.device, job.dtype, draft_vocab=job.draft_vocab,
                 cpu_linear=job.weight_major,
             )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The lean decoder (gateway/engine/batch/decoder.py) gives the transformers forward's logits
+"""The lean decoder (gateway/speed/lean.py) gives the transformers forward's logits
 bitwise, for every family it accepts, through every kind of batch step; a broken rule is
 caught by its load-time check, and an unchecked family keeps the transformers forward."""
 
@@ -10,19 +10,19 @@ import random
 import pytest
 import torch
 
-from gateway.engine.batch import decoder as decoder_module
-from gateway.engine.batch.decoder import LeanDecoder, build_decoder, reference_logits
-from gateway.engine.batch.forward import batched_forward
+from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.batch.slots import SlotCache
-from gateway.engine.models import cache_kwarg, wrap_model
-
-from .conftest import CONTEXT, gpt2, llama
-from .test_batch import _mistral, _qwen2
+from gateway.speed import lean as decoder_module
+from gateway.speed import wrap_fast
+from gateway.speed.fast import Accelerated, lean_of
+from gateway.speed.lean import LeanDecoder, build_decoder, reference_logits
+from tests.support.batch import mistral, qwen2
+from tests.support.models import CONTEXT, gpt2, llama
 
 BUILDERS = {
     "llama": lambda vocab, eos: llama(vocab, eos, seed=7),
-    "qwen2": _qwen2,
-    "mistral": _mistral,  # sliding window 16: steps below reach past it
+    "qwen2": qwen2,
+    "mistral": mistral,  # sliding window 16: steps below reach past it
 }
 
 
@@ -30,9 +30,9 @@ BUILDERS = {
 @pytest.mark.parametrize("cpu_linear", [False, True])
 def test_lean_logits_equal_the_transformers_forward_bitwise(family, cpu_linear, tokenizer):
     vocab, eos = len(tokenizer), tokenizer.eos_token_id
-    lm = wrap_model(BUILDERS[family](vocab, eos), tokenizer, cpu_linear=cpu_linear)
-    assert isinstance(lm.decoder, LeanDecoder), f"{family}: the load-time check refused it"
-    model, kwarg = lm.model, cache_kwarg(lm.model)
+    lm = wrap_fast(BUILDERS[family](vocab, eos), tokenizer, cpu_linear=cpu_linear)
+    assert isinstance(lean_of(lm), LeanDecoder), f"{family}: the load-time check refused it"
+    model = lm.model
     layers = int(model.config.num_hidden_layers)
     caches = [SlotCache(layers, 4, CONTEXT, pad=8) for _ in range(2)]
     rng = random.Random(3)
@@ -51,9 +51,9 @@ def test_lean_logits_equal_the_transformers_forward_bitwise(family, cpu_linear, 
             ]
             kind = rng.choice(["logits", "keep_last", "backbone"])
             kw = {"keep_last": kind != "logits", "backbone": kind == "backbone"}
-            ref = reference_logits(model, kwarg, caches[0], slots, feeds, lm.device, **kw)
+            ref = reference_logits(model, Step(caches[0], slots, feeds, **kw))
             got = batched_forward(
-                model, kwarg, caches[1], slots, feeds, lm.device, decoder=lm.decoder, **kw
+                model, Step(caches[1], slots, feeds, **kw), Accelerated(lean_of(lm))
             )
             for r, (a, b) in enumerate(zip(ref, got, strict=True)):
                 assert a.shape == b.shape
@@ -61,7 +61,7 @@ def test_lean_logits_equal_the_transformers_forward_bitwise(family, cpu_linear, 
             if kind == "keep_last":  # the kept position is each row's last, whatever kept_rows
                 # does for both sides above: the model's own head over every position agrees
                 # up to the BLAS's rounding (rewriting the same keys and values is harmless)
-                full = batched_forward(model, kwarg, caches[0], slots, feeds, lm.device)
+                full = batched_forward(model, Step(caches[0], slots, feeds))
                 for r, f in enumerate(feeds):
                     torch.testing.assert_close(got[r][0], full[r][len(f) - 1], rtol=1e-4, atol=1e-5)
             for c in caches:
@@ -82,20 +82,20 @@ def test_a_broken_rule_is_caught_at_load_and_the_model_keeps_its_own_forward(
 
     monkeypatch.setattr(decoder_module, "LeanDecoder", NoRotary)
     model = llama(len(tokenizer), tokenizer.eos_token_id, seed=7).eval()
-    with caplog.at_level(logging.WARNING, logger="gateway.engine.decoder"):
-        assert build_decoder(model, cache_kwarg(model)) is None
+    with caplog.at_level(logging.WARNING, logger="gateway.speed.lean"):
+        assert build_decoder(model) is None
     assert "differ" in caplog.text
     monkeypatch.undo()
-    assert isinstance(build_decoder(model, cache_kwarg(model)), LeanDecoder)
+    assert isinstance(build_decoder(model), LeanDecoder)
 
 
 def test_an_unchecked_family_keeps_the_transformers_forward(tokenizer):
-    lm = wrap_model(gpt2(len(tokenizer), tokenizer.eos_token_id, seed=2), tokenizer)
-    assert lm.decoder is None
-    lean_off = wrap_model(
+    lm = wrap_fast(gpt2(len(tokenizer), tokenizer.eos_token_id, seed=2), tokenizer)
+    assert lean_of(lm) is None
+    lean_off = wrap_fast(
         llama(len(tokenizer), tokenizer.eos_token_id, seed=7), tokenizer, lean=False
     )
-    assert lean_off.decoder is None
+    assert lean_of(lean_off) is None
 
 
 @pytest.mark.parametrize("family", sorted(BUILDERS))
@@ -107,12 +107,12 @@ def test_joined_projections_compute_the_layers_own_and_hold_no_second_copy(
     Qwen2's biases, grouped key/value heads, Mistral's window) gives the lean decoder's
     logits to rounding, the layers' projections become views of the joined weights (no
     second copy), and the lean decoder still equals the transformers forward bitwise."""
-    from gateway.engine.batch.decoder import _parity
-    from gateway.engine.compiled import compile_forwards
+    from gateway.speed.compiled import compile_forwards
+    from gateway.speed.lean import _parity
 
     vocab, eos = len(tokenizer), tokenizer.eos_token_id
-    lm = wrap_model(BUILDERS[family](vocab, eos), tokenizer, cpu_linear=cpu_linear)
-    lean = lm.decoder
+    lm = wrap_fast(BUILDERS[family](vocab, eos), tokenizer, cpu_linear=cpu_linear)
+    lean = lean_of(lm)
     assert isinstance(lean, LeanDecoder)
     weights = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
     step = compile_forwards(lean, keep_last=False, inductor=False)  # joins
@@ -131,18 +131,15 @@ def test_joined_projections_compute_the_layers_own_and_hold_no_second_copy(
                         assert storage == joint.untyped_storage().data_ptr()
     for n, p in lm.model.named_parameters():  # the same values
         assert torch.equal(p, weights[n]), n
-    kwarg = cache_kwarg(lm.model)
     layers = int(lm.model.config.num_hidden_layers)
     caches = [SlotCache(layers, 3, CONTEXT, pad=8) for _ in range(2)]
     with torch.inference_mode():
-        assert _parity(lm.model, kwarg, lean)
+        assert _parity(lm.model, lean)
         for c in caches:
             c.take(), c.take(), c.take()
         for feeds in ([[3, 4, 5], [6, 7], [8] * 20], [[9], [10], [11]], [[12, 13], [14], [15]]):
             outs = [
-                batched_forward(
-                    lm.model, kwarg, c, [0, 1, 2], feeds, lm.device, compiled=fast, decoder=lean
-                )
+                batched_forward(lm.model, Step(c, [0, 1, 2], feeds), Accelerated(lean, fast))
                 for c, fast in zip(caches, (None, step), strict=True)
             ]
             for a, b in zip(*outs, strict=True):
@@ -153,7 +150,7 @@ def test_joined_projections_compute_the_layers_own_and_hold_no_second_copy(
 
 
 def test_projections_that_cannot_be_joined_are_left_as_they_are(tokenizer):
-    from gateway.engine.batch.decoder import join
+    from gateway.speed.lean import join
 
     model = llama(len(tokenizer), tokenizer.eos_token_id, seed=7).eval()
     layer = model.model.layers[0]

@@ -1,0 +1,209 @@
+"""A model's compiled step made ready at start: compiled (or loaded from the store) for
+every kind of step a batch runs, and with GATEWAY_COMPILE=auto kept only for the kinds
+that measured faster than eager."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from gateway.engine.batch.forward import Step, batched_forward
+from gateway.engine.batch.slots import PREFILL_CHUNK, SlotCache
+from gateway.engine.models import LoadedModel
+from gateway.speed.compiled import CompiledForwards, compile_forwards
+from gateway.speed.fast import Accelerated, compiled_of, lean_of
+from gateway.speed.kinds import FASTER, MAX_TOKENS, Claim, Later, kind, warm_kinds
+from gateway.speed.store import Precompiled, _artifact, batch_buffers
+
+log = logging.getLogger("gateway.speed.warmup")
+
+
+def compiled_model(
+    lm: LoadedModel, max_rows: int, draft: bool = False,
+    progress: Callable[[str], None] = log.info, measure: bool = False,
+    inductor: bool = True, graphs: bool = False, store: Path | None = None,
+    kinds: frozenset[str] | None = None, then: Later | None = None,
+    prefill_chunk: int = PREFILL_CHUNK, claim: Claim | None = None,
+) -> tuple[LoadedModel, float]:  # fmt: skip
+    """``lm`` with its compiled step (a draft's: drafting, through its reduced head if it
+    has one; a target's: verify), every kind of step already compiled on a slot cache
+    of the batch's own shapes (so serving compiles nothing more); and the seconds the
+    warm-up took. `graphs`: the step is padded to buckets and, on CUDA, replayed as
+    captured graphs (graphs.py; recorded per cache on first use of a bucket); `inductor`
+    False keeps the eager lean step inside them (nothing to compile). With a `store` (a
+    folder), each kind is compiled ahead of time and saved there, or loaded from there when
+    an earlier start saved it (`Precompiled`). With `measure`
+    (GATEWAY_COMPILE=auto), each kind is then timed compiled and eager and only the kinds
+    where compiling measured faster are served compiled; where none is, ``lm`` comes back
+    eager. Raises ValueError for a model without a lean decoder (its family was not
+    checked, speed/lean.py): it runs eager. `kinds`, `then` and `claim`: see `warm_up`.
+    `prefill_chunk`: the batch's (GATEWAY_PREFILL_CHUNK): the step is compiled for the
+    slot buffers such a batch allocates (`batch_buffers`)."""
+    lean = lean_of(lm)
+    if lean is None:
+        raise ValueError("only models the lean decoder runs are compiled (Llama, Mistral, Qwen2)")
+    fast = compile_forwards(
+        lean, keep_last=draft, head=lm.draft_head if draft else None, inductor=inductor,
+        graph_rows=max(2, max_rows) if graphs else 0, store=store,
+    )  # fmt: skip
+    buffers = batch_buffers(lm, max_rows, prefill_chunk)
+    out = with_compiled(lm, replace(fast, buffers=buffers))
+    t0 = time.perf_counter()
+    if inductor:
+        warm_up(out, max_rows, progress, kinds, then, claim)
+        step = fast.step if fast.graphs is None else fast.graphs.step
+        if isinstance(step, Precompiled):
+
+            def named(kinds: list[str]) -> str:
+                return ", ".join(sorted(kinds)) or "none"
+
+            built = [k for k, f in step.fns.items() if f is not None and k not in step.loaded]
+            jit = [k for k, f in step.fns.items() if f is None]
+            progress(
+                f"{lm.path}: step kinds loaded precompiled: {named(step.loaded)}; compiled "
+                f"ahead of time: {named(built)}; just in time: {named(jit)} "
+                f"({step.store})"
+            )
+    if measure:
+        ratios = measure_kinds(out, max_rows)
+        kinds = faster_kinds(ratios)
+        progress(
+            f"{lm.path}: compiled/eager time by step kind "
+            + ", ".join(f"{k} {r:.2f}" for k, r in sorted(ratios.items()))
+            + f"; compiled for {', '.join(sorted(kinds)) or 'none: eager'}"
+        )
+        done = compiled_of(out)
+        assert done is not None
+        out = with_compiled(out, replace(done, kinds=kinds) if kinds else None)
+    return out, time.perf_counter() - t0
+
+
+def faster_kinds(ratios: dict[str, float]) -> frozenset[str]:
+    """The kinds whose compiled/eager time ratio is at most FASTER."""
+    return frozenset(k for k, r in ratios.items() if r <= FASTER)
+
+
+def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str, float]:
+    """Compiled/eager time (median of `repeats`) of each kind of step this model's compiled
+    step serves, on a scratch cache of the batch's shapes with 128 cached tokens a row:
+    one row x 1 token, one row x 3 tokens, and with two rows or more all rows x 1 and all
+    rows x 3."""
+    from gateway.engine.batch.costs import sync
+
+    fast = compiled_of(lm)
+    assert fast is not None
+    plain = Accelerated(lean_of(lm))  # the same model without its compiled step
+    rows = max_rows
+    context = max(1, min(128, lm.context_length - 2 * MAX_TOKENS))
+    fill = [[1 + (3 * r + j) % (lm.vocab_size - 1) for j in range(context)] for r in range(rows)]
+    shapes = {"1x1": (1, 1), "1xN": (1, 3), "Bx1": (rows, 1), "BxN": (rows, 3)}
+    shapes = {n: (b, t) for n, (b, t) in shapes.items() if n in fast.kinds and kind(b, t) == n}
+    ratios: dict[str, float] = {}
+    with torch.inference_mode():
+        cache, slots = _scratch(lm, fill)
+        for name, (b, t) in shapes.items():
+            feed = [[2] * t] * b
+            spent: dict[bool, list[float]] = {False: [], True: []}
+            for _ in range(repeats + 1):
+                for compiled in (False, True):  # alternating, so load drifts hit both
+                    for s in slots:
+                        cache.length[s] = context
+                    t0 = time.perf_counter()
+                    step = Step(cache, slots[:b], feed, keep_last=fast.keep_last, head=fast.head)
+                    batched_forward(lm.model, step, lm.fast if compiled else plain)
+                    sync(lm.device)
+                    spent[compiled].append(time.perf_counter() - t0)
+            eager, comp = (sorted(spent[c][1:])[repeats // 2] for c in (False, True))
+            ratios[name] = comp / eager if eager > 0 else 1.0
+    return ratios
+
+
+def warm_up(
+    lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = log.info,
+    kinds: frozenset[str] | None = None, then: Later | None = None,
+    claim: Claim | None = None,
+) -> float:  # fmt: skip
+    """Trace and compile every kind of step a batch of `max_rows` rows runs (one row x one
+    token, one row x several tokens, and with two rows or more several rows x one and
+    several x several) on a scratch cache shaped like the batch's; returns the seconds
+    spent. `kinds`: only these (a compile helper's share of a model, speed/precompile.py).
+    `then` (kinds, wait): those kinds last, after calling wait() (a helper compiled them
+    into the store meanwhile: they load). `claim` (with a store; speed/precompile.py
+    `claimer`): asked, with the name of its stored step, before a kind not in the store is
+    compiled; a kind it refuses (another process compiles it) is skipped."""
+    fast = compiled_of(lm)
+    assert fast is not None
+    order: list[tuple[int, int] | None] = [
+        k for k in warm_kinds(max_rows) if kinds is None or kind(*k) in kinds
+    ]
+    if then is not None:  # None marks the wait
+        order = (
+            [k for k in order if k is None or kind(*k) not in then[0]]
+            + [None]
+            + [k for k in order if k is not None and kind(*k) in then[0]]
+        )
+    count = sum(k is not None for k in order)
+    t0 = time.perf_counter()
+    fill = [[1, 2, 3], [1, 2, 3, 4]][:max_rows]  # rows of different lengths, as in a batch
+    with torch.inference_mode():
+        cache, slots = _scratch(lm, fill)
+        done = 0
+        for shape in order:
+            if shape is None:
+                assert then is not None
+                then[1]()
+                continue
+            rows, t = shape
+            if claim is not None and not _claimed(fast, kind(rows, t), claim):
+                progress(left_to_other(lm.path, kind(rows, t)))
+                continue
+            for s, f in zip(slots, fill, strict=True):
+                cache.length[s] = len(f)
+            step = Step(cache, slots[:rows], [[1] * t] * rows, fast.keep_last, head=fast.head)
+            batched_forward(lm.model, step, lm.fast)
+            done += 1
+            progress(
+                f"compiling {lm.path}: step kind {done}/{count} ({rows} row(s) x {t} "
+                f"token(s)), {time.perf_counter() - t0:.1f} s"
+            )
+    return time.perf_counter() - t0
+
+
+def left_to_other(path: str, name: str) -> str:
+    """The progress line of a kind another process claimed (`claim`)."""
+    return f"compiling {path}: step kind {name} left to the other process compiling it"
+
+
+def _claimed(fast: CompiledForwards, name: str, claim: Claim) -> bool:
+    """Whether this process compiles (or loads) kind `name`: yes when it is stored or not
+    precompiled at all, else as `claim` says."""
+    step = fast.step if fast.graphs is None else fast.graphs.step
+    if not isinstance(step, Precompiled) or fast.buffers is None:
+        return True
+    path = _artifact(step.store, step.fingerprint, name, fast.buffers)
+    return path.exists() or claim(path.name)
+
+
+def _scratch(lm: LoadedModel, fill: list[list[int]]) -> tuple[SlotCache, list[int]]:
+    """A slot cache of the buffers the compiled step was built for (`CompiledForwards.
+    buffers`: a batch's, whose sizes the step takes as constants), one slot per row of
+    `fill` holding that row's tokens (prefilled eager, uncommitted: callers set the
+    lengths they want)."""
+    fast = compiled_of(lm)
+    assert fast is not None
+    cache = fast.slot_cache(int(lm.model.config.num_hidden_layers), lm.context_length)
+    slots = [cache.take() for _ in fill]
+    batched_forward(lm.model, Step(cache, slots, fill, keep_last=True), Accelerated(lean_of(lm)))
+    return cache, slots
+
+
+def with_compiled(lm: LoadedModel, compiled: CompiledForwards | None) -> LoadedModel:
+    """`lm` with `compiled` as its compiled forwards (None: its lean decoder alone)."""
+    lean = lean_of(lm)
+    fast = None if lean is None and compiled is None else Accelerated(lean, compiled)
+    return replace(lm, fast=fast)

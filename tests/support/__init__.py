@@ -1,0 +1,1 @@
+"""Shared test support: tiny models (models.py) and batch drivers (batch.py)."""
