@@ -16,15 +16,12 @@ from gateway.engine.batch.costs import ForwardCosts, probe
 from gateway.engine.batch.scheduler import Batch
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
 from gateway.engine.errors import EmptyPrompt, InvalidRequest, PromptTooLong
-from gateway.engine.kpolicy import KPolicy, static_c
+from gateway.engine.kpolicy import KPolicy
 from gateway.engine.loop import LoopConfig, decode
 from gateway.engine.models import LoadedModel, check_pair
 from gateway.engine.output import OutputBuilder
 from gateway.engine.proposers.base import Proposer
-from gateway.engine.proposers.draft_model import DraftModelProposer
-from gateway.engine.proposers.prediction import PredictionProposer
-from gateway.engine.proposers.prompt_lookup import PromptLookupProposer
-from gateway.engine.proposers.suffix import SuffixProposer
+from gateway.engine.proposers.registry import ProposerInputs, build_proposer
 from gateway.engine.sampling import LogitsShaper
 from gateway.engine.schema import DecodeRequest, DecodeResult, Delta, Finished
 from gateway.engine.stats import DecodeStats
@@ -139,41 +136,14 @@ class Engine:
         proposer: Proposer | None = None
         policy = None
         draft_ctx = None
-        c0 = 0.0  # model-free proposers cost (almost) nothing per drafted token
         if req.mode == "speculative":
             name = req.proposer or "draft"
             stats.proposer = name
-            if name == "draft":
-                if draft is None:
-                    raise InvalidRequest("speculative decoding with proposer 'draft' needs a draft")
+            if name == "draft" and draft is not None:
                 self._check_draft(draft)
-                d_shaper = LogitsShaper.from_params(sp, draft.vocab_size, draft.device)
-                proposer = DraftModelProposer(
-                    draft,
-                    d_shaper,
-                    generator,
-                    req.grammar,
-                    t.eos_token_ids,
-                    min_confidence=req.min_draft_confidence,
-                )
-                draft_ctx = draft.context_length
-                c0 = static_c(t.model.config, draft.model.config)
-            elif name == "prompt_lookup":
-                proposer = PromptLookupProposer()
-            elif name == "suffix":
-                # A seeded sampled request drafts from its own text only, so that its seed
-                # alone decides its output (a shared index changes with other requests).
-                seeded = sp.temperature > 0 and sp.seed is not None
-                src = None if seeded else req.suffix_source
-                proposer = SuffixProposer(None if src is None else src.index())
-            elif name == "prediction":
-                if not req.prediction:
-                    raise InvalidRequest("proposer 'prediction' needs the prediction text")
-                ids = t.tokenizer(req.prediction, add_special_tokens=False)["input_ids"]
-                proposer = PredictionProposer(ids, len(req.prompt_ids))
-            else:
-                raise InvalidRequest(f"unknown proposer {name!r}")
-            policy = self._k_policy(req, c0)
+            built = build_proposer(name, ProposerInputs(req, t, draft, generator))
+            proposer, draft_ctx = built.proposer, built.draft_context
+            policy = self._k_policy(req, built.c0)
         output = OutputBuilder(t.tokenizer, req.prompt_ids, sp.stop, t.eos_token_ids, sp.max_tokens)
         return LoopConfig(
             target=t,
