@@ -110,13 +110,14 @@ helper_threads = TenantGate(TOKENIZING_PER_TENANT)
 
 def prompt_chars(cmd: Generate) -> int:
     """Characters of the prompt before templating (cheap: no tokenizer, no template): the
-    messages' text, their tool calls' arguments and the tool definitions the template
-    presents."""
+    messages' text (an assistant's thinking too), their tool calls' arguments and the tool
+    definitions the template presents."""
     if cmd.messages is not None:
         total = sum(len(json.dumps(d)) for d in cmd.tools.definitions) if cmd.tools else 0
         for m in cmd.messages:
             content = m.get("content")
             total += len(content) if isinstance(content, str) else 0
+            total += len(m.get("reasoning_content") or "")  # an assistant's thinking sent back
             for call in m.get("tool_calls") or ():
                 total += len(str(call.get("function", {}).get("arguments", "")))
         return total

@@ -43,6 +43,9 @@ def test_prompt_chars_counts_every_message_and_tool_call() -> None:
         messages=({"role": "assistant", "content": "", "tool_calls": [call]},),
     )
     assert prep.prompt_chars(with_call) == len(str({"x": 1}))
+    thought = {"role": "assistant", "content": "ok", "reasoning_content": "hmm."}
+    assert prep.prompt_chars(Generate(endpoint="chat.completions", model="m",
+                                      messages=(thought,))) == 6  # fmt: skip
     assert prep.prompt_chars(Generate(endpoint="completions", model="m", prompt=(1, 2))) == 2
 
 
