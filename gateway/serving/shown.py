@@ -12,7 +12,8 @@ Where a token goes is read off the token ids: the tokens are decoded again as th
 does (`IncrementalDetokenizer`, special tokens skipped), so each marker's offset in the
 engine's text is the length of the text decoded before it. The engine's text itself is
 kept, so what a stop string cut stays cut, and a stream and a full response agree: markers
-are written only where the engine's text has reached them.
+are written only where the engine's text has reached them. The audit record digests this
+text (markers included): it is what the readers split.
 """
 
 from __future__ import annotations

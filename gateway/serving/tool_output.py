@@ -15,6 +15,11 @@ always agree.
 
 `finish()` flushes what was held back (an output cut short by max_tokens or a stop string).
 
+A format whose markers are special tokens is read either from what follows its tag
+(``hidden_tag``: Llama's, Mistral's and Granite's visible JSON) or, where nothing visible is
+left to read (Mistral v11's ``[TOOL_CALLS]f[ARGS]{...}``, gpt-oss's channels), from the
+text with the markers written back (serving/shown.py).
+
 `check_output` validates a finished output (tool calls or a response_format document) in a
 helper thread under a time budget, so a costly schema never blocks the event loop.
 """
