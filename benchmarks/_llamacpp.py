@@ -1,21 +1,22 @@
-"""llama.cpp as the side-by-side peer: built from the sources in llama-cpp-python's sdist, the
-demo models converted to GGUF, llama-server started on them. An optional benchmark extra:
-`make test` never needs it, and nothing here is committed but this script.
+"""llama.cpp as the side-by-side peer: llama-server built from the sources in
+llama-cpp-python's sdist, the demo models as GGUF, llama-server started on them. An optional
+benchmark extra: `make test` never needs it, and nothing here is committed but this script.
 
 Where: var/llamacpp/ (or $LLAMA_CPP_HOME). Steps, each skipped when its output exists:
 1. `pip download --no-binary :all: --no-deps llama-cpp-python` (PyPI), unpacked;
-2. cmake with GGML_NATIVE (this CPU's instruction set), building llama-server only
-   (about 8 minutes on 2 cores);
-3. `convert_hf_to_gguf.py` from the same sources, f32, for the target and both drafts. The
-   demo tokenizer is a byte-level BPE the converter does not know by its hash; it is
-   converted with the gpt-2 pre-tokenizer, which splits text the same way (the outputs are
-   compared with ours token for token by the benchmark). The converter needs sentencepiece
-   at import, installed beside it (var/llamacpp/pydeps), not into the project's venv.
+2. cmake with GGML_NATIVE (this CPU's instruction set) and, on x86, without ggml's AMX
+   kernels (as the Makefile builds the Python package: they crash on quantized weights),
+   building llama-server only (several minutes on 2 cores);
+3. the demo models as GGUF (models_registry/gguf.py: f32 written with the gguf package, its
+   tensors bitwise those of llama.cpp's convert_hf_to_gguf.py; Q8_0 and Q4_K_M quantized by
+   llama.cpp), in var/llamacpp/gguf/<model>/<kind>.gguf beside the model's tokenizer files.
+   The gateway's llama.cpp backend and llama-server load the same files.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -34,17 +35,6 @@ MODELS = {
     "draft_v1": "demo-code-draft-v1",
     "draft_v2": "demo-code-draft-v2",
 }
-
-CONVERT = """
-import runpy, sys
-src, deps = sys.argv[1], sys.argv[2]
-sys.path[:0] = [src, src + "/gguf-py"]
-sys.path.append(deps)
-from conversion import base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[3:]]
-runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
 
 
 def _say(msg: str) -> None:
@@ -71,61 +61,57 @@ def source() -> Path:
 
 def server_binary() -> Path:
     src = source()
-    binary = src / "build" / "bin" / "llama-server"
+    binary = src / "build-server" / "bin" / "llama-server"
     if binary.exists():
         return binary
     _say("building llama-server (GGML_NATIVE, Release; several minutes)")
+    flags = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" if platform.machine() == "x86_64" else ""
     subprocess.run(
-        ["cmake", "-B", "build", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-         "-DLLAMA_BUILD_TESTS=OFF", "-DCMAKE_BUILD_TYPE=Release"],
+        ["cmake", "-B", "build-server", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+         "-DLLAMA_BUILD_TESTS=OFF", "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_C_FLAGS={flags}",
+         f"-DCMAKE_CXX_FLAGS={flags}"],
         cwd=src, check=True, capture_output=True,
     )  # fmt: skip
     jobs = str(os.cpu_count() or 2)
     subprocess.run(
-        ["cmake", "--build", "build", "-j", jobs, "--target", "llama-server"],
+        ["cmake", "--build", "build-server", "-j", jobs, "--target", "llama-server"],
         cwd=src, check=True, capture_output=True,
     )  # fmt: skip
     return binary
 
 
-def gguf(name: str) -> Path:
-    """The f32 GGUF of one demo model (MODELS key), converted when missing."""
-    out = HOME / "gguf" / f"{MODELS[name]}.gguf"
+def gguf(name: str, kind: str = "f32") -> Path:
+    """One demo model (MODELS key) as a GGUF of `kind` (f32, q8_0, q4_k_m), written when
+    missing; its folder holds the model's tokenizer files."""
+    from models_registry.gguf import convert_model
+
+    out = HOME / "gguf" / MODELS[name] / f"{kind}.gguf"
     if out.exists():
         return out
-    src = source()
-    deps = HOME / "pydeps"
-    if not (deps / "sentencepiece").exists():
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--target", str(deps), "sentencepiece"],
-            check=True,
-        )  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _say(f"converting {MODELS[name]} to GGUF")
-    subprocess.run(
-        [sys.executable, "-c", CONVERT, str(src), str(deps), str(DEMO / MODELS[name]),
-         "--outtype", "f32", "--outfile", str(out)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    _say(f"writing {MODELS[name]} as {kind} GGUF")
+    kinds = ("f32",) if kind == "f32" else ("f32", kind)
+    convert_model(DEMO / MODELS[name], out.parent, kinds)
     return out
 
 
 @contextmanager
-def server(draft: str | None, slots: int, threads: int = 2, n_max: int = 8) -> Iterator[str]:
-    """llama-server on the demo target (and `draft`, a MODELS key), `slots` parallel
-    sequences of 2048 tokens each; yields its base URL."""
+def server(
+    draft: str | None, slots: int, threads: int = 2, n_max: int = 8, kind: str = "f32"
+) -> Iterator[str]:
+    """llama-server on the demo target (and `draft`, a MODELS key), both as `kind` GGUF,
+    `slots` parallel sequences of 2048 tokens each; yields its base URL."""
     binary = server_binary()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [
-        str(binary), "-m", str(gguf("target")), "--host", "127.0.0.1", "--port", str(port),
+        str(binary), "-m", str(gguf("target", kind)), "--host", "127.0.0.1", "--port", str(port),
         "-np", str(slots), "-c", str(2048 * slots), "-t", str(threads), "-tb", str(threads),
         "--no-webui",
     ]  # fmt: skip
     if draft is not None:
-        cmd += ["-md", str(gguf(draft)), "--spec-draft-n-max", str(n_max)]
-    log = HOME / f"server-{draft or 'target'}.log"  # one each: two may run at once
+        cmd += ["-md", str(gguf(draft, kind)), "--spec-draft-n-max", str(n_max)]
+    log = HOME / f"server-{draft or 'target'}-{kind}.log"  # one each: two may run at once
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

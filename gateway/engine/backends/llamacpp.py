@@ -69,8 +69,18 @@ _ready = False
 
 
 def _init() -> None:
+    """Once per process, before any forward. ggml computes a product of quantized weights
+    with other kernels when a forward holds several tokens than when it holds one: its
+    tiled K-quant product from 8 rows on, and repacked weights (`load_gguf` repack) from 4.
+    Their logits are not the one-token kernels': on Q4_K_M a token's logits moved by up to
+    0.17 between a one-token forward and one of 9 or more, so a verify step (k + 1 tokens)
+    and a decode step (one) disagree and greedy speculative output parts from standard
+    beyond near ties. With both off every forward shape runs the same kernels (differences
+    of 0 measured on Q8_0 and Q4_K_M); the cost is some speed of multi-token forwards.
+    GGML_CPU_TILED_MM set in the environment is left as it is."""
     global _ready
     if not _ready:
+        os.environ.setdefault("GGML_CPU_TILED_MM", "0")
         lc.llama_log_set(_log, ctypes.c_void_p())
         lc.llama_backend_init()
         _ready = True
@@ -83,13 +93,14 @@ class LlamaCppModel:
 
     def __init__(
         self, path: str | Path, threads: int | None = None, kv_type: str = "f16",
-        n_batch: int = N_BATCH,
+        n_batch: int = N_BATCH, repack: bool = False,
     ) -> None:  # fmt: skip
         _init()
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         params = lc.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.use_extra_bufts = repack  # see `load_gguf`
         handle = lc.llama_model_load_from_file(str(path).encode(), params)
         if not handle:
             raise ValueError(f"llama.cpp could not load {path}")
@@ -251,15 +262,20 @@ def load_gguf(
     context_length: int | None = None,
     threads: int | None = None,
     kv_type: str = "f16",
+    repack: bool = False,
 ) -> LoadedModel:
     """A GGUF model for the batch path. `tokenizer`: a Hugging Face tokenizer, or the
     directory holding one (default: the GGUF's own directory); its ids must mean the GGUF's
     (a conversion keeps them). The context length is the GGUF's training context, or
     `context_length` when smaller; eos ids are the tokenizer directory's
-    generation_config.json's, the tokenizer's and the GGUF's."""
+    generation_config.json's, the tokenizer's and the GGUF's.
+
+    `repack`: let llama.cpp lay quantized weights out for its multi-token kernels (its
+    "extra buffer types": CPU repacking). Off by default, for the reason `_init` turns off
+    ggml's tiled K-quant products: exactness."""
     from transformers import AutoTokenizer
 
-    model = LlamaCppModel(path, threads, kv_type)
+    model = LlamaCppModel(path, threads, kv_type, repack=repack)
     tok_dir = Path(path).parent if tokenizer is None else tokenizer
     if isinstance(tok_dir, str | Path):
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)

@@ -1,0 +1,150 @@
+# ruff: noqa: E402  (the imports below need llama_cpp: the module is skipped first without it)
+"""Quantized GGUF models as users have them (models_registry/gguf.py): the tiny Llama and its
+draft quantized by llama.cpp to Q8_0 and Q4_K_M serve through the same batch path. Greedy
+speculative decoding gives standard decoding's tokens on each quantization (exactness does
+not depend on the weights' type); a quantized model's logits stay near the f32 model's, at
+a distance growing with fewer bits (the negative control: Q4_K_M's distance exceeds Q8_0's);
+quantizing is deterministic. And a token's logits do not depend on how many tokens its
+forward holds: the backend turns off ggml's tiled K-quant products, whose logits differ
+(the negative control: a process that leaves them on sees the difference)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import needs_llama_cpp
+
+needs_llama_cpp()
+
+from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams
+from gateway.engine.backends.llamacpp import load_gguf
+from models_registry.gguf import quantize, sha256, write_llama
+
+PROMPTS = ((5, 6, 7, 8), (40, 41, 42, 43, 44, 45), (100, 3, 100, 3, 100))
+KINDS = ("q8_0", "q4_k_m")
+
+
+@pytest.fixture(scope="module")
+def quantized(
+    gguf_files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Path]]:
+    """{kind: {"llama": path, "draft": path}}, f32 among the kinds."""
+    root = tmp_path_factory.mktemp("quantized")
+    out = {"f32": dict(gguf_files)}
+    for kind in KINDS:
+        out[kind] = {
+            n: quantize(gguf_files[n], root / f"{n}-{kind}.gguf", kind) for n in gguf_files
+        }
+    return out
+
+
+def _load(path: Path, model_dir: Path) -> LoadedModel:
+    return load_gguf(path, tokenizer=model_dir, threads=1, kv_type="f32")
+
+
+def _logits(lm: LoadedModel, prompt: tuple[int, ...]) -> torch.Tensor:
+    from gateway.engine.backends.base import slot_cache
+
+    cache = slot_cache(lm.model, 1, lm.context_length)
+    slot = cache.take()
+    return cache.forward([slot], [list(prompt)], keep_last=False)[0]
+
+
+@pytest.mark.parametrize("kind", ["f32", *KINDS])
+def test_greedy_speculative_equals_standard_on_each_quantization(quantized, model_dirs, kind):
+    target = _load(quantized[kind]["llama"], model_dirs["llama"])
+    draft = _load(quantized[kind]["draft"], model_dirs["draft"])
+    engine = Engine(target)
+    accepted = rejected = 0
+    for prompt in PROMPTS:
+        greedy = SamplingParams(temperature=0.0, max_tokens=24)
+        std = engine.run(DecodeRequest(prompt, greedy))
+        spec = engine.run(
+            DecodeRequest(prompt, greedy, mode="speculative", proposer="draft", k_min=1, k_max=4),
+            draft,
+        )
+        assert spec.token_ids == std.token_ids, (kind, prompt)
+        accepted += spec.stats.accepted
+        rejected += spec.stats.drafted - spec.stats.accepted
+    assert rejected > 0  # the draft was wrong too: rollbacks happened
+
+
+def test_quantized_logits_stay_near_f32_and_fewer_bits_drift_further(quantized, model_dirs):
+    ref = _load(quantized["f32"]["llama"], model_dirs["llama"])
+    prompt = PROMPTS[1]
+    want = _logits(ref, prompt)
+    dist = {}
+    for kind in KINDS:
+        got = _logits(_load(quantized[kind]["llama"], model_dirs["llama"]), prompt)
+        assert got.shape == want.shape
+        dist[kind] = float((got - want).abs().max())
+    scale = float(want.abs().max())
+    assert 0 < dist["q8_0"] < dist["q4_k_m"] < scale, (dist, scale)
+
+
+def test_quantizing_is_deterministic(gguf_files, tmp_path):
+    a = quantize(gguf_files["llama"], tmp_path / "a.gguf", "q4_k_m")
+    b = quantize(gguf_files["llama"], tmp_path / "b.gguf", "q4_k_m")
+    assert sha256(a) == sha256(b) != sha256(gguf_files["llama"])
+
+
+@pytest.fixture(scope="module")
+def wide_q4(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-layer Llama 256 wide (K-quants need rows of 256) at Q4_K_M, with its tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("wide")
+    tok = AutoTokenizer.from_pretrained(str(model_dirs["llama"]), local_files_only=True)
+    torch.manual_seed(4)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(root)
+    tok.save_pretrained(root)
+    return quantize(write_llama(root, root / "f32.gguf"), root / "q4_k_m.gguf", "q4_k_m")
+
+
+def shape_gap(path: Path) -> float:
+    """The largest difference between the logits of 12 tokens fed one per forward and fed in
+    one forward, after the same 40-token prompt."""
+    lm = _load(path, path.parent)
+    prompt, more = list(range(3, 43)), list(range(50, 62))
+    cache = lm.model.slot_cache(2, 128)
+    one, many = cache.take(), cache.take()
+    for s in (one, many):
+        cache.forward([s], [prompt], keep_last=True)
+        cache.length[s] += len(prompt)
+    singles = []
+    for t in more:
+        singles.append(cache.forward([one], [[t]], keep_last=False)[0])
+        cache.length[one] += 1
+    together = cache.forward([many], [more], keep_last=False)[0]
+    return float((torch.cat(singles) - together).abs().max())
+
+
+def test_a_tokens_logits_do_not_depend_on_its_forwards_size(wide_q4) -> None:
+    assert os.environ["GGML_CPU_TILED_MM"] == "0"  # set by the backend (llamacpp._init)
+    assert shape_gap(wide_q4) == 0.0
+
+
+def test_with_the_tiled_products_on_they_differ(wide_q4) -> None:
+    """The negative control, in a process of its own (ggml reads the switch once)."""
+    code = (
+        "import sys; from tests.unit.engine.llamacpp.test_quantized import shape_gap; "
+        "from pathlib import Path; print(shape_gap(Path(sys.argv[1])))"
+    )
+    env = {**os.environ, "GGML_CPU_TILED_MM": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(wide_q4)], capture_output=True, text=True, env=env,
+        cwd=Path(__file__).resolve().parents[4], timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert float(run.stdout.split()[-1]) > 1e-3
