@@ -81,7 +81,7 @@ def targets() -> list[tuple[Any, str, str]]:
     wanted = [
         (worker.InferenceWorker, "_admit", "worker_admit"),
         (worker.Job, "emit", "worker_emit"),
-        (getattr(worker, "_Outbox", None), "flush", "worker_emit"),  # a step's events at once
+        (getattr(worker, "Outbox", getattr(worker, "_Outbox", None)), "flush", "worker_emit"),
         (scheduler.Batch, "step", "step_other"),
         (scheduler.Batch, "_prefill", "prefill_other"),
         (scheduler.Batch, "_finish", "finish"),

@@ -97,7 +97,7 @@ def default_max_rows(max_batch: int) -> int:
 
 
 class Waiting(Protocol):
-    """What the queue reads of a job (serving/worker.py `Job`)."""
+    """What the queue reads of a job (serving/jobs.py `Job`)."""
 
     share: Share
     submitted_ns: int

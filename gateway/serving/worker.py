@@ -22,8 +22,9 @@ regression gate) step round-robin beside them. At most ``max_active`` jobs run a
 the rest wait in a bounded queue and a full queue is refused at once (``Overloaded``)
 instead of hanging. Calls (model loads) run between two rounds, ahead of waiting jobs.
 Events travel back to the event loop through ``call_soon_threadsafe``, one call a step for
-all its rows (``_Outbox``); a cancelled job (client gone) ends at its next step, which
-frees its row.
+all its rows (``Outbox``); a cancelled job (client gone) ends at its next step, which
+frees its row. The jobs and their way back: serving/jobs.py; the batches and their rows'
+jobs: serving/batches.py.
 """
 
 from __future__ import annotations
@@ -37,111 +38,21 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gateway.engine import DecodeRequest, Engine, Finished, LoadedModel
-from gateway.engine.batch.scheduler import Batch, Event, Row
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
 from gateway.engine.schema import Delta
+from gateway.serving.batches import Batches, batch_rows
 from gateway.serving.fairness import SYSTEM, FairQueue, Overloaded, Share, StepPacer
+from gateway.serving.jobs import DONE, Call, Decode, Job, Outbox
 
 __all__ = ["InferenceWorker", "Job", "Overloaded", "Share", "batch_rows"]
 
 T = TypeVar("T")
 log = logging.getLogger("gateway")
-_DONE = object()
 _WAKE = object()  # a job was queued: the worker thread looks at the fair queue
-
-
-@dataclass(frozen=True)
-class Decode:
-    """What a decode job runs: a request on an engine (``Engine``), with its draft model."""
-
-    engine: Engine
-    request: DecodeRequest
-    draft: LoadedModel | None = None
-
-
-@dataclass
-class Job:
-    """One request's decoding, seen from the worker: an iterator job (``make``) or a row of
-    a continuous batch (``decode``)."""
-
-    make: Callable[[Callable[[], bool]], Iterator[Any]] | None
-    loop: asyncio.AbstractEventLoop
-    decode: Decode | None = None
-    share: Share = SYSTEM
-    """Whose job this is and what the tenant's policy grants it (serving/fairness.py)."""
-    fair_wait: bool = False
-    """Held back while a row was free so that another tenant's job ran first (or its tenant
-    held its row cap): the request's record says so."""
-    out: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    submitted_ns: int = field(default_factory=time.time_ns)
-    """Wall-clock stamps (ns since the epoch, what trace spans take): queued, admitted to a
-    batch or the round-robin, first event out, finished. Set by the worker thread."""
-    admitted_ns: int | None = None
-    first_event_ns: int | None = None
-    finished_ns: int | None = None
-
-
-class _Outbox:
-    """How events leave the worker thread: those of a round's steps, handed to each event
-    loop in one `call_soon_threadsafe`, one wake-up of the loop a step instead of one per
-    row. Every wake-up writes to the loop's self-pipe, a system call that lets the event
-    loop take the GIL from this thread, so with 8 rows a step handed it over up to 8 times.
-    Each job's events keep their order; a closed loop (nobody listening) cancels the job."""
-
-    def __init__(self) -> None:
-        self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, Any]]] = {}
-
-    def add(self, job: Job, item: Any) -> None:
-        if job.first_event_ns is None:
-            job.first_event_ns = time.time_ns()
-        self._by_loop.setdefault(job.loop, []).append((job, item))
-
-    def flush(self) -> None:
-        for loop, items in self._by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                for job, _ in items:
-                    job.cancelled.set()
-        self._by_loop.clear()
-
-
-def _deliver(items: list[tuple[Job, Any]]) -> None:
-    """On the event loop: each event into its job's queue, in order."""
-    for job, item in items:
-        job.out.put_nowait(item)
-
-
-@dataclass
-class _Call:
-    """A function to run once on the inference thread (a model load); its result or
-    exception settles ``future`` on the caller's event loop."""
-
-    fn: Callable[[], Any]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-
-    def run(self) -> None:
-        try:
-            outcome: tuple[bool, Any] = (True, self.fn())
-        except BaseException as exc:
-            outcome = (False, exc)
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-            self.loop.call_soon_threadsafe(self._settle, outcome)
-
-    def _settle(self, outcome: tuple[bool, Any]) -> None:
-        if self.future.cancelled():
-            return
-        ok, value = outcome
-        if ok:
-            self.future.set_result(value)
-        else:
-            self.future.set_exception(value)
 
 
 def name_os_thread(name: str) -> None:
@@ -268,7 +179,7 @@ class InferenceWorker:
                 f"the inference queue is full and tenant {evicted.share.tenant} holds more "
                 "than its share of it; retry shortly"
             ))  # fmt: skip
-            for item in (exc, _DONE):
+            for item in (exc, DONE):
                 evicted.loop.call_soon_threadsafe(evicted.out.put_nowait, item)
         self._inbox.put(_WAKE)
         return job
@@ -280,7 +191,7 @@ class InferenceWorker:
             raise RuntimeError("the inference worker is not running")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._inbox.put(_Call(fn, loop, future))
+        self._inbox.put(Call(fn, loop, future))
         return await future
 
     async def events(self, job: Job) -> AsyncIterator[Any]:
@@ -289,7 +200,7 @@ class InferenceWorker:
         try:
             while True:
                 item = await job.out.get()
-                if item is _DONE:
+                if item is DONE:
                     return
                 if isinstance(item, BaseException):
                     raise item
@@ -304,7 +215,7 @@ class InferenceWorker:
         if self._on_start is not None:
             self._on_start()
         active: list[tuple[Job, Iterator[Any]]] = []
-        batches = _Batches(
+        batches = Batches(
             self.max_batch, self.kv_budget_tokens, self.prefill_chunk, self.prefill_budget
         )
         stopping = False
@@ -320,7 +231,7 @@ class InferenceWorker:
                 idle = False
                 if item is None:
                     stopping = True
-                elif isinstance(item, _Call):
+                elif isinstance(item, Call):
                     item.run()
             # 2. Admit waiting jobs into free slots, each tenant in its turn (after a stop,
             #    only those accepted).
@@ -331,7 +242,7 @@ class InferenceWorker:
                 continue
             # 3. One step of every batch (all its rows together), then of every other job;
             #    the batches' events go out together, then the other jobs'.
-            out = _Outbox()
+            out = Outbox()
             for job, events in batches.step(self.pacer if self.fair_steps else None):
                 for event in events:
                     if isinstance(event, Exception):
@@ -341,7 +252,7 @@ class InferenceWorker:
                         self.fair.charge(job.share, output_tokens=len(event.token_ids))
                     out.add(job, event)
                     if isinstance(event, Finished):
-                        self._finish(job, _DONE, out)
+                        self._finish(job, DONE, out)
             out.flush()
             still: list[tuple[Job, Iterator[Any]]] = []
             for job, steps in active:
@@ -352,17 +263,17 @@ class InferenceWorker:
                     out.add(job, next(steps))
                     still.append((job, steps))
                 except StopIteration:
-                    self._finish(job, _DONE, out)
+                    self._finish(job, DONE, out)
                 except BaseException as exc:
                     self._finish(job, exc, out)
             out.flush()
             active = still
 
-    def _admit(self, active: list[tuple[Job, Iterator[Any]]], batches: _Batches) -> None:
+    def _admit(self, active: list[tuple[Job, Iterator[Any]]], batches: Batches) -> None:
         """Fill free slots from the fair queue (serving/fairness.py): the tenant with the
         fewest weighted tokens served first, skipping jobs whose batch is full (others may
         still fit); jobs cancelled while waiting end without running."""
-        out = _Outbox()
+        out = Outbox()
 
         def fits(job: Job) -> bool:
             return job.decode is None or batches.has_room(job.decode.engine)
@@ -375,7 +286,7 @@ class InferenceWorker:
             )
             for gone in dropped:
                 gone.finished_ns = time.time_ns()
-                out.add(gone, _DONE)
+                out.add(gone, DONE)
             if job is None:
                 break
             with self._lock:
@@ -393,106 +304,15 @@ class InferenceWorker:
                 self._finish(job, exc, out)
         out.flush()
 
-    def _close(self, job: Job, steps: Iterator[Any], out: _Outbox) -> None:
+    def _close(self, job: Job, steps: Iterator[Any], out: Outbox) -> None:
         close = getattr(steps, "close", None)
         if close is not None:
             close()
-        self._finish(job, _DONE, out)
+        self._finish(job, DONE, out)
 
-    def _finish(self, job: Job, item: Any, out: _Outbox) -> None:
+    def _finish(self, job: Job, item: Any, out: Outbox) -> None:
         with self._lock:
             self._active -= 1
         self.fair.release(job.share)
         job.finished_ns = time.time_ns()
         out.add(job, item)
-
-
-class _Batches:
-    """The continuous batch of each target engine, and which job each row belongs to."""
-
-    def __init__(
-        self, max_rows: int, kv_budget_tokens: int | None = None,
-        prefill_chunk: int = PREFILL_CHUNK, prefill_budget: int = PREFILL_BUDGET,
-    ) -> None:  # fmt: skip
-        self.max_rows = max_rows
-        self.kv_budget_tokens = kv_budget_tokens
-        self.prefill_chunk = prefill_chunk
-        self.prefill_budget = prefill_budget
-        self._batches: dict[int, Batch] = {}  # id(engine) -> engine.batch(max_rows)
-        self._jobs: dict[int, Job] = {}  # id(row) -> its job
-
-    @property
-    def rows(self) -> int:
-        return len(self._jobs)
-
-    def rows_of(self, job: Job) -> int:
-        """Rows of the batch the job would join (what its tenant's default row cap is
-        taken from)."""
-        if job.decode is None:
-            return self.max_rows
-        ctx = job.decode.engine.context_length
-        return batch_rows(self.max_rows, self.kv_budget_tokens, ctx)
-
-    def has_room(self, engine: Engine) -> bool:
-        batch = self._batches.get(id(engine))
-        return batch is None or batch.free > 0
-
-    def add(self, job: Job) -> int:
-        """The job's row joins its engine's batch; returns the prompt tokens it will
-        prefill (those a kept prefix does not already hold)."""
-        d = job.decode
-        assert d is not None
-        batch = self._batches.get(id(d.engine))
-        if batch is None:
-            rows = self.rows_of(job)
-            batch = d.engine.batch(rows, self.prefill_chunk, self.prefill_budget)
-            self._batches[id(d.engine)] = batch
-        row = batch.add(d.engine.prepare(d.request, d.draft), job.cancelled.is_set)
-        self._jobs[id(row)] = job
-        return len(row.cfg.prompt_ids) - row.prefilled
-
-    def step(self, pacer: StepPacer | None = None) -> list[tuple[Job, list[Event]]]:
-        """One step of every batch. With a ``pacer`` (serving/fairness.py `StepPacer`), the
-        rows of a tenant past its share of the batch's time sit the step out (their jobs
-        are marked as having waited for fairness), and the step's time is charged to the
-        tenants of the rows that took it."""
-        out: list[tuple[Job, list[Event]]] = []
-        for key, batch in list(self._batches.items()):
-            if not batch.rows:
-                continue
-            held: list[Row] = []
-            taking = [self._jobs[id(r)].share for r in batch.rows]
-            if pacer is not None:
-                sitting = pacer.pace(key, taking)
-                held = [r for r in batch.rows if self._jobs[id(r)].share.tenant in sitting]
-                taking = [s for s in taking if s.tenant not in sitting]
-                for row in held:
-                    self._jobs[id(row)].fair_wait = True
-            t0 = time.perf_counter()
-            try:
-                stepped = batch.step(held)
-            except Exception as exc:  # a shared forward failed (a bug, out of memory):
-                # every row of the batch ends with the error instead of the thread dying
-                # and every request hanging; the next arrival gets a fresh batch
-                del self._batches[key]
-                if pacer is not None:
-                    pacer.forget(key)
-                for row in batch.rows:
-                    out.append((self._jobs.pop(id(row)), [exc]))
-                continue
-            if pacer is not None:
-                pacer.spend(taking, time.perf_counter() - t0)
-            for row, events in stepped:
-                job = self._jobs[id(row)]
-                if row.finished:
-                    del self._jobs[id(row)]
-                out.append((job, events))
-        return out
-
-
-def batch_rows(max_rows: int, kv_budget_tokens: int | None, context_length: int) -> int:
-    """Rows of a target's batch: max_rows, capped by the KV budget (each row's slot holds
-    the target's full context), at least one."""
-    if kv_budget_tokens is None:
-        return max_rows
-    return max(1, min(max_rows, kv_budget_tokens // max(1, context_length)))

@@ -340,7 +340,7 @@ def test_a_steps_events_reach_the_event_loop_in_one_wake_up_each_job_in_order() 
     """The worker hands a step's events for all its rows to the event loop at once (one
     `call_soon_threadsafe`, one write to the loop's self-pipe), not one per row; each job
     still gets its own events, in order, and a closed loop cancels the jobs instead."""
-    from gateway.serving.worker import Job, _Outbox
+    from gateway.serving.jobs import Job, Outbox
 
     loop = asyncio.new_event_loop()
     wakeups: list[object] = []
@@ -353,7 +353,7 @@ def test_a_steps_events_reach_the_event_loop_in_one_wake_up_each_job_in_order() 
     loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
     try:
         jobs = [Job(make=None, loop=loop) for _ in range(3)]
-        out = _Outbox()
+        out = Outbox()
         for step in range(2):
             for i, job in enumerate(jobs):
                 out.add(job, f"job{i} event{step}")
