@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.engine.constraints.json_schema import (
-    _ONE_SCHEMA,
-    _SCHEMA_LIST,
-    _SCHEMA_MAP,
+from gateway.engine.constraints.schema_checks import (
+    ONE_SCHEMA,
+    SCHEMA_LIST,
+    SCHEMA_MAP,
     check_size,
 )
 
@@ -36,7 +36,7 @@ _COMBINED = (
 
 def named_properties_only(schema: Any) -> Any:
     """`schema` with its plain named-property objects closed (see the module docstring).
-    Raises ConstraintError for a schema over the size limits (json_schema.check_size)."""
+    Raises ConstraintError for a schema over the size limits (schema_checks.check_size)."""
     check_size(schema)  # bounds the recursion below
     return _close(schema, in_all_of=False)
 
@@ -46,11 +46,11 @@ def _close(schema: Any, in_all_of: bool) -> Any:
         return schema
     out: dict[str, Any] = {}
     for key, value in schema.items():
-        if key in _ONE_SCHEMA:
+        if key in ONE_SCHEMA:
             out[key] = _close(value, False)
-        elif key in _SCHEMA_MAP and isinstance(value, dict):
+        elif key in SCHEMA_MAP and isinstance(value, dict):
             out[key] = {name: _close(sub, False) for name, sub in value.items()}
-        elif key in _SCHEMA_LIST and isinstance(value, list):
+        elif key in SCHEMA_LIST and isinstance(value, list):
             out[key] = [_close(sub, key == "allOf") for sub in value]
         elif key == "items":
             items = value if isinstance(value, list) else None

@@ -16,9 +16,9 @@ from gateway.engine.constraints.json_schema import (
     ConstraintError,
     JsonGrammar,
     compile_json_grammar,
-    unknown_keywords,
     validate_output,
 )
+from gateway.engine.constraints.schema_checks import unknown_keywords
 from tests.support.models import build_tokenizer
 
 PERSON = {

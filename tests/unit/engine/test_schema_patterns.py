@@ -14,15 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.engine.constraints.json_schema import (
-    MAX_PATTERN_CHARS,
-    MAX_PATTERNS_CHARS,
+from gateway.engine.constraints.json_schema import compile_json_grammar, validate_output
+from gateway.engine.constraints.patterns import MAX_PATTERN_CHARS, MAX_PATTERNS_CHARS
+from gateway.engine.constraints.schema_checks import (
     ConstraintError,
     check_enforceable,
     check_patterns,
-    compile_json_grammar,
     schema_patterns,
-    validate_output,
 )
 from tests.support.models import build_tokenizer
 
