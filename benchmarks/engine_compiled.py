@@ -31,7 +31,7 @@ from pathlib import Path
 from benchmarks._pairs import load_pair
 from benchmarks.concurrency import _prompts
 from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams, init_torch_thread
-from gateway.speed.warmup import compiled_model
+from gateway.speed.warmup import CompileOptions, compiled_model
 
 from gateway.speed import cpu_linear, keep_verdicts
 init_torch_thread()
@@ -43,9 +43,9 @@ def weight_major(lm):
     return cpu_linear.uses_weight_major(lm.model)
 t0 = time.perf_counter()
 store = cache / "precompiled"  # as the gateway's
-fast_target, t_target = compiled_model(pair.target, 8, progress=lambda m: None, store=store)
-fast_draft, t_draft = compiled_model(pair.drafts["v2"], 8, draft=True, progress=lambda m: None,
-                                     store=store)
+options = CompileOptions(store=store)
+fast_target, t_target = compiled_model(pair.target, 8, False, options, lambda m: None)
+fast_draft, t_draft = compiled_model(pair.drafts["v2"], 8, True, options, lambda m: None)
 out = {"warmup_s": {"target": round(t_target, 1), "draft_v2": round(t_draft, 1),
                     "total": round(time.perf_counter() - t0, 1)},
        "weight_major_linear": {"target": weight_major(pair.target),

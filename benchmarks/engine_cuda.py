@@ -32,7 +32,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     from benchmarks.concurrency import _prompts
     from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams
     from gateway.speed.fast import compiled_of
-    from gateway.speed.warmup import compiled_model
+    from gateway.speed.warmup import CompileOptions, compiled_model
 
     rounds, new = (1, 32) if quick else (3, 64)
     pair = load_pair()
@@ -41,9 +41,16 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     sides: dict[str, tuple[Engine, Any]] = {"eager": (Engine(target), draft)}
     for name, inductor in (("graphs", False), ("graphs_inductor", True)):
         t0 = time.perf_counter()
-        fast_t, _ = compiled_model(target, 8, inductor=inductor, graphs=True, progress=print)
-        fast_d, _ = compiled_model(draft, 8, draft=True, inductor=inductor, graphs=True,
-                                   progress=print)  # fmt: skip
+        fast_t, _ = compiled_model(
+            target, 8, options=CompileOptions(inductor=inductor, graphs=True), progress=print
+        )
+        fast_d, _ = compiled_model(
+            draft,
+            8,
+            draft=True,
+            options=CompileOptions(inductor=inductor, graphs=True),
+            progress=print,
+        )
         warm[name] = round(time.perf_counter() - t0, 1)
         sides[name] = (Engine(fast_t), fast_d)
     tok = sides["eager"][0].tokenizer

@@ -1,5 +1,5 @@
 """What handing a step's events to the event loop costs a decode step, in-process: the
-part of issue 20's HTTP profile that the gateway's design decides (worker.py `_Outbox`).
+part of issue 20's HTTP profile that the gateway's design decides (serving/jobs.py `Outbox`).
 
     python -m benchmarks handoff [--quick]
 
@@ -105,9 +105,11 @@ def _steps(
     target = load_pair(compiled=compiled).target  # as the gateway loads it
     if compiled:
         from benchmarks.llamacpp import COMPILE_CACHE
-        from gateway.speed.warmup import compiled_model
+        from gateway.speed.warmup import CompileOptions, compiled_model
 
-        target = compiled_model(target, 8, store=COMPILE_CACHE / "precompiled")[0]
+        target = compiled_model(
+            target, 8, options=CompileOptions(store=COMPILE_CACHE / "precompiled")
+        )[0]
     engine = Engine(target)
     ids = [tuple(engine.tokenizer(p)["input_ids"]) for p in _prompts()]
     batch = engine.batch(8)

@@ -64,11 +64,13 @@ def _child_main(argv: list[str]) -> None:
     pair = load_pair(compiled=setting != "off")  # as the gateway loads it
     target, draft = pair.target, pair.drafts["v2"]
     if setting != "off":
-        from gateway.speed.warmup import compiled_model
+        from gateway.speed.warmup import CompileOptions, compiled_model
 
         store, auto = COMPILE_CACHE / "precompiled", setting == "auto"
-        target = compiled_model(target, 8, measure=auto, store=store)[0]
-        draft = compiled_model(draft, 8, draft=True, measure=auto, store=store)[0]
+        target = compiled_model(target, 8, options=CompileOptions(store=store, measure=auto))[0]
+        draft = compiled_model(
+            draft, 8, draft=True, options=CompileOptions(store=store, measure=auto)
+        )[0]
     engine = Engine(target)
     ids = [tuple(engine.tokenizer(p)["input_ids"]) for p in _prompts()]
     batch = engine.batch(8)

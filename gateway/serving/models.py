@@ -32,7 +32,7 @@ from gateway.speed import load_fast, precompile
 from gateway.speed.fast import compiled_of
 from gateway.speed.kinds import Later
 from gateway.speed.startup import HELPER_TIMEOUT, SHARED, plan_helper
-from gateway.speed.warmup import compiled_model
+from gateway.speed.warmup import CompileOptions, WarmShare, compiled_model
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
 
 log = logging.getLogger("gateway.models")
@@ -273,11 +273,16 @@ class ModelPool:
         )
         try:
             then, self._then = self._then, None  # only the first target's compile
-            fast, seconds = compiled_model(
-                model, rows, draft, progress=log.info, measure=measure, inductor=inductor,
-                graphs=graphs, store=self.compile_store, then=then,
+            options = CompileOptions(
+                inductor=inductor,
+                graphs=graphs,
+                store=self.compile_store,
+                measure=measure,
                 prefill_chunk=self.prefill_chunk,
-            )  # fmt: skip
+            )
+            fast, seconds = compiled_model(
+                model, rows, draft, options=options, progress=log.info, share=WarmShare(then=then)
+            )
         except Exception as exc:  # an architecture or device inductor cannot compile
             log.warning(
                 "%s v%s runs eager: compiling its forwards failed (%s: %s)",

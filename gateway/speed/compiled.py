@@ -19,7 +19,7 @@ tokens a row, through the same graphs (`CompiledForwards.serves`). A batch's fir
 
 Shapes: dynamic, so a handful of graphs cover every step: torch specialises sizes of 1,
 so the kinds are one row x one token, one row x several tokens, several rows x one,
-several x several. The slot buffers' sizes are constants (`_step`): a step is built for
+several x several. The slot buffers' sizes are constants (`_step_of`): a step is built for
 one batch shape (`batch_buffers`). Whether the one-row one-token kind pays depends on the
 CPU (eager reads the row's cache as a view with no mask, the compiled step gathers and
 masks; `python -m benchmarks engine_compiled` compares them), so GATEWAY_COMPILE=auto
@@ -47,7 +47,7 @@ import torch
 from gateway.engine.batch.forward import model_facts
 from gateway.engine.batch.slots import SlotCache
 from gateway.speed.kinds import HEAD_SHARE, INDUCTOR, KINDS, MAX_PREFILL, MAX_TOKENS, kind
-from gateway.speed.lean import Family, Joined, attention_extra, block
+from gateway.speed.lean import Attend, Family, Joined, attention_extra, block
 from gateway.speed.steps import step_mask
 from gateway.speed.store import Precompiled, fingerprint_of, static_layout, tracing
 
@@ -140,68 +140,92 @@ class CompiledForwards:
         return self.step(inputs, span, base, keys, values)
 
 
-def _step(
-    lean: LeanDecoder, keep_last: bool, head: DraftHead | None, window: int | None,
-    dtype: torch.dtype, contiguous: bool, head_outside: bool, inputs: torch.Tensor,
-    span: torch.Tensor, base: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-) -> torch.Tensor:  # fmt: skip
-    """The lean decoder's layers as one function of tensors. inputs: (6, B, T) integers,
-    batch/forward.py `step_layout` (token ids, position ids, write positions, the last key
-    each query sees; each row's slot and kept position, repeated along the row): ONE input
-    tensor, unpacked here, and the attention mask built here from it (inductor fuses it
-    into the attention), which saves the Python and dispatch of building a mask and six
-    tensors per forward outside. span: arange(S), S the key span. window, dtype: the
-    model's sliding window and dtype (batch/forward.py `model_facts`). contiguous, base:
-    see `_layer` (base: lo + 2 elements, lo the first row's slot). keys/values: each
-    layer's slot buffers (slots, kv_heads, capacity, D), written at (rows, positions) in
-    place. Returns logits (B, T, V), or (B, 1, V) of each row's kept position with
-    keep_last; with `head`, through that reduced head (its product and the scatter into
-    the vocabulary, fused here, instead of a drafting step's separate ops outside). With
-    `head_outside`, a step of several tokens a row returns the final norm's output (B, T, H)
-    and leaves the output head to the caller (`CompiledForwards.outer_head`).
+@dataclass(frozen=True)
+class StepForm:
+    """What one compiled step is built for, fixed when it is made (`compile_forwards`):
+    the lean decoder, the use (`keep_last`, a draft's `head`), the model's sliding window
+    and dtype (batch/forward.py `model_facts`), whether several-token kinds read the rows'
+    keys as one view (`contiguous`, see `_layer`) and leave the output head to the caller
+    (`head_outside`, `CompiledForwards.outer_head`)."""
 
-    Each layer runs as `_layer`, a nested compile region: torch traces and compiles the
-    first layer once and calls that code for the others (the same math, bitwise), instead
-    of tracing and generating code for every layer; a cold compile takes about half as
-    long. The buffers' head count and head size are pinned first: a size the first layer's
-    trace specialises would break the reuse for the next ones (torch 2.13). Then all their
-    sizes are made constants (`mark_static` while tracing): a batch's buffers never change
-    shape, and as dynamic sizes (two per buffer, 48 on the demo target, none of them equal
-    to another since duck sizing is off) they would make tracing and fake-tensor
-    propagation reason about every layer's indexing with them, roughly doubling a cold
-    compile. Each layer runs
-    its joined projections where the model's could be joined (`compile_forwards` joins
-    them; speed/lean.py `Joined`): 4 products a layer instead of 7."""
-    inner = lean.inner
-    heads, size = int(lean.model.config.num_key_value_heads), lean._layers[0].self_attn.head_dim
-    for buffer in (*keys, *values):
-        torch._check(buffer.shape[1] == heads)
-        torch._check(buffer.shape[3] == size)
-        if torch.compiler.is_compiling():  # guards on the sizes; no mark on the tensor
-            torch._dynamo.mark_static(buffer)
-    ids, position_ids, seen, keep = inputs[0], inputs[1], inputs[3], inputs[5, :, 0]
-    # What the layers take, as tensors of their own: a nested region refuses inputs that
-    # alias each other (views of `inputs`).
-    positions, rows = inputs[2].clone(), inputs[4, :, 0].clone()  # (B, T), (B,)
-    mask = step_mask(seen, span, window, dtype)  # (B, 1, T, S)
-    h = inner.embed_tokens.forward(ids)  # (B, T, H)
-    cos, sin = inner.rotary_emb.forward(h, position_ids)
-    family = _family(lean, ids.shape[1])
-    # Several tokens a row: the rows' keys as a view of their slot range (`_layer`). One
-    # token a row gathers them: inductor fuses that gather into the plain attention's
-    # products, where the view measured no faster.
-    view = base if contiguous and ids.shape[1] != 1 else None
-    joined = lean.joined
-    for i, layer in enumerate(lean._layers):
-        j = None if joined is None else joined[i]
-        h = _layer(
-            layer, j, family, h, cos, sin, mask, keys[i], values[i], rows, positions, view
-        )  # fmt: skip
-    if keep_last:
-        h = h[torch.arange(ids.shape[0], device=ids.device), keep][:, None]  # (B, 1, H)
-    if head is None:
-        return lean.head(h, head_outside and ids.shape[1] != 1)  # T is 1 exactly, or not
-    return head.forward(lean.head(h, True))
+    lean: LeanDecoder
+    keep_last: bool
+    head: DraftHead | None
+    window: int | None
+    dtype: torch.dtype
+    contiguous: bool
+    head_outside: bool
+
+
+def _step_of(form: StepForm) -> Callable[..., torch.Tensor]:
+    """The step of `form` as a function of tensors (`step`, below). The form's fields are
+    its closure's cells, so what torch traces is plain values and modules."""
+    lean, keep_last, head, window = form.lean, form.keep_last, form.head, form.window
+    dtype, contiguous, head_outside = form.dtype, form.contiguous, form.head_outside
+
+    def step(
+        inputs: torch.Tensor, span: torch.Tensor, base: torch.Tensor,
+        keys: list[torch.Tensor], values: list[torch.Tensor],
+    ) -> torch.Tensor:  # fmt: skip
+        """The lean decoder's layers as one function of tensors. inputs: (6, B, T)
+        integers, batch/forward.py `step_layout` (token ids, position ids, write positions,
+        the last key each query sees; each row's slot and kept position, repeated along the
+        row): ONE input tensor, unpacked here, and the attention mask built here from it
+        (inductor fuses it into the attention), which saves the Python and dispatch of
+        building a mask and six tensors per forward outside. span: arange(S), S the key
+        span. base: lo + 2 elements, lo the first row's slot (see `_layer`). keys/values:
+        each layer's slot buffers (slots, kv_heads, capacity, D), written at (rows,
+        positions) in place. Returns logits (B, T, V), or (B, 1, V) of each row's kept
+        position with keep_last; with `head`, through that reduced head (its product and
+        the scatter into the vocabulary, fused here, instead of a drafting step's separate
+        ops outside). With `head_outside`, a step of several tokens a row returns the final
+        norm's output (B, T, H) and leaves the output head to the caller.
+
+        Each layer runs as `_layer`, a nested compile region: torch traces and compiles the
+        first layer once and calls that code for the others (the same math, bitwise),
+        instead of tracing and generating code for every layer; a cold compile takes about
+        half as long. The buffers' head count and head size are pinned first: a size the
+        first layer's trace specialises would break the reuse for the next ones (torch
+        2.13). Then all their sizes are made constants (`mark_static` while tracing): a
+        batch's buffers never change shape, and as dynamic sizes (two per buffer, 48 on the
+        demo target, none of them equal to another since duck sizing is off) they would
+        make tracing and fake-tensor propagation reason about every layer's indexing with
+        them, roughly doubling a cold compile. Each layer runs its joined projections where
+        the model's could be joined (`compile_forwards` joins them; speed/lean.py
+        `Joined`): 4 products a layer instead of 7."""
+        inner = lean.inner
+        heads = int(lean.model.config.num_key_value_heads)
+        size = lean._layers[0].self_attn.head_dim
+        for buffer in (*keys, *values):
+            torch._check(buffer.shape[1] == heads)
+            torch._check(buffer.shape[3] == size)
+            if torch.compiler.is_compiling():  # guards on the sizes; no mark on the tensor
+                torch._dynamo.mark_static(buffer)
+        ids, position_ids, seen, keep = inputs[0], inputs[1], inputs[3], inputs[5, :, 0]
+        # What the layers take, as tensors of their own: a nested region refuses inputs that
+        # alias each other (views of `inputs`).
+        positions, rows = inputs[2].clone(), inputs[4, :, 0].clone()  # (B, T), (B,)
+        mask = step_mask(seen, span, window, dtype)  # (B, 1, T, S)
+        h = inner.embed_tokens.forward(ids)  # (B, T, H)
+        cos, sin = inner.rotary_emb.forward(h, position_ids)
+        family = _family(lean, ids.shape[1])
+        # Several tokens a row: the rows' keys as a view of their slot range (`_layer`).
+        # One token a row gathers them: inductor fuses that gather into the plain
+        # attention's products, where the view measured no faster.
+        view = base if contiguous and ids.shape[1] != 1 else None
+        joined = lean.joined
+        for i, layer in enumerate(lean._layers):
+            j = None if joined is None else joined[i]
+            h = _layer(
+                layer, j, family, h, cos, sin, mask, keys[i], values[i], rows, positions, view
+            )  # fmt: skip
+        if keep_last:
+            h = h[torch.arange(ids.shape[0], device=ids.device), keep][:, None]  # (B, 1, H)
+        if head is None:  # T is 1 exactly, or not
+            return lean.head(h, head_outside and ids.shape[1] != 1)
+        return head.forward(lean.head(h, True))
+
+    return step
 
 
 def _family(lean: LeanDecoder, tokens: int) -> Family:
@@ -219,12 +243,12 @@ def _family(lean: LeanDecoder, tokens: int) -> Family:
 
 
 @torch.compiler.nested_compile_region
-def _layer(
+def _layer(  # noqa: PLR0913 (a nested region's inputs are leaves: see below)
     layer: Any, joined: Joined | None, family: Family, h: torch.Tensor, cos: torch.Tensor,
     sin: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     rows: torch.Tensor, positions: torch.Tensor, base: torch.Tensor | None,
 ) -> torch.Tensor:  # fmt: skip
-    """One layer of `_step` (speed/lean.py `block`): its new keys and values written into
+    """One layer of the step (speed/lean.py `block`): its new keys and values written into
     its slot buffers at (rows, positions), the step attending to each row's keys up to the
     span. `joined`: the layer's joined projections (speed/lean.py `Joined`), or None.
 
@@ -233,7 +257,12 @@ def _layer(
     the rows copies every row's keys and values a layer (a sizeable share of a
     several-token step's time). Without, each row's slot is gathered. The values read are
     the same; the view measured faster in the several-token kinds and no faster in the
-    one-token ones, which gather (see `_step`)."""
+    one-token ones, which gather (see `_step_of`).
+
+    Its inputs are each a tensor, a module or None, not grouped in one object: torch
+    flattens a container input of a nested region as a pytree, and the guards that puts
+    on the pytree registry cannot be saved with an ahead-of-time compiled step (`Precompiled`
+    would compile every kind just in time)."""
     span = mask.shape[-1]
     heads = torch.arange(keys.shape[1], device=h.device)
     where = (rows[:, None, None], heads[None, :, None], positions[:, None, :])  # (B, kvH, T)
@@ -250,7 +279,8 @@ def _layer(
             return keys[lo : lo + b, :, :span], values[lo : lo + b, :, :span]
         return keys[rows, :, :span], values[rows, :, :span]  # (B, kvH, S, D)
 
-    return block(layer, family, h, cos, sin, mask, kv, attention_extra(layer.self_attn), joined)
+    attend = Attend(cos, sin, mask)
+    return block(layer, family, h, attend, kv, attention_extra(layer.self_attn), joined)
 
 
 def _jit(step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -298,9 +328,7 @@ def compile_forwards(
     head_outside = graph_rows <= 0 and not keep_last and head is None
     outer = lean.model.get_output_embeddings().forward if head_outside else None
 
-    def step(*args: Any) -> torch.Tensor:
-        return _step(lean, keep_last, head, window, dtype, contiguous, head_outside, *args)
-
+    step = _step_of(StepForm(lean, keep_last, head, window, dtype, contiguous, head_outside))
     fn: Callable[..., torch.Tensor] = step
     if inductor:
         fn = _jit(step)

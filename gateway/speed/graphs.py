@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.speed.graphs")
 
-# (inputs (6, B, T), arange(span), keys, values) -> (B, T or 1, V or H): compiled.py `_step`
+# (inputs (6, B, T), arange(span), keys, values) -> (B, T or 1, V or H): compiled.py `_step_of`
 Step = Callable[..., torch.Tensor]
 
 MIN_SPAN = 64  # the smallest key-span bucket
@@ -78,7 +78,7 @@ class _Graph:
 class GraphedSteps:
     """A model's step, padded to buckets and (on CUDA) captured once per bucket and cache.
 
-    `step`: the compiled or eager step function (speed/compiled.py `_step` form);
+    `step`: the compiled or eager step function (speed/compiled.py `_step_of` form);
     `device`: the model's; on CUDA the graphs are recorded (and every CUDA call made) on
     it, elsewhere the bucketed step runs eagerly (the CPU tests)."""
 
@@ -209,6 +209,6 @@ class GraphedSteps:
         span: int,
     ) -> torch.Tensor:  # fmt: skip
         """The recorded step: the step unpacks its one input and builds the mask itself
-        (compiled.py `_step`), over the bucket's key span."""
+        (compiled.py `_step_of`), over the bucket's key span."""
         base = slot_base(0, inputs.device)  # unread: a graph's filler rows share a slot
         return self.step(inputs, torch.arange(span, device=inputs.device), base, keys, values)

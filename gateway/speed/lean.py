@@ -30,7 +30,7 @@ import sys
 import types
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -123,9 +123,10 @@ class LeanDecoder:
         inner = self.inner
         h = inner.embed_tokens.forward(input_ids)  # (B, T, H)
         cos, sin = inner.rotary_emb.forward(h, position_ids)
+        attend = Attend(cos, sin, attention_mask)
         for i, layer in enumerate(self._layers):
             h = block(
-                layer, self.family, h, cos, sin, attention_mask,
+                layer, self.family, h, attend,
                 lambda k, v, i=i: kv(i, k, v),  # type: ignore[misc]
                 self._extra[i],
             )  # fmt: skip
@@ -242,15 +243,24 @@ def _joined(parts: list[Any]) -> torch.nn.Linear:
     return out
 
 
+class Attend(NamedTuple):
+    """What every layer of a step attends with: the rotary tables (cos, sin) of the step's
+    positions and its attention mask (None: the model's attention needs none)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None
+
+
 def block(
-    layer: Any, family: Family, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    layer: Any, family: Family, h: torch.Tensor, attend: Attend,
     kv: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     extra: dict[str, Any], joined: Joined | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """One decoder layer: (B, T, H) hidden states in, out, with the family's functions
-    (`Family`). `kv(k, v)` stores the layer's new keys and values and returns those the
-    step attends to; `extra`: the layer's `attention_extra`. With `joined` (the layer's
+    (`Family`), attending with `attend` (`Attend`). `kv(k, v)` stores the layer's new keys
+    and values and returns those the step attends to; `extra`: the layer's
+    `attention_extra`. With `joined` (the layer's
     `Joined`), its joined projections instead of the layer's own: the same math, another
     product shape (its rounding may differ in the last bits), so the eager decoder, which
     must equal the model's forward bitwise, passes none."""
@@ -265,9 +275,9 @@ def block(
     q = q.view(shape).transpose(1, 2)  # (B, heads, T, D)
     k = k.view(shape).transpose(1, 2)
     v = v.view(shape).transpose(1, 2)
-    q, k = family.rotary(q, k, cos, sin)
+    q, k = family.rotary(q, k, attend.cos, attend.sin)
     k, v = kv(k, v)
-    o, _ = family.attention(a, q, k, v, attention_mask, dropout=0.0, scaling=a.scaling, **extra)
+    o, _ = family.attention(a, q, k, v, attend.mask, dropout=0.0, scaling=a.scaling, **extra)
     h = h + a.o_proj.forward(o.reshape(b, t, -1).contiguous())
     x = layer.post_attention_layernorm.forward(h)
     m = layer.mlp

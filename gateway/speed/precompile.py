@@ -208,7 +208,7 @@ def take_last(
     saved to `store`, where both processes' later loads find it. Returns how many kinds
     were taken. `models`: the helper's jobs with this process's loaded model of each."""
     from gateway.speed.store import step_paths
-    from gateway.speed.warmup import compiled_model, left_to_other
+    from gateway.speed.warmup import CompileOptions, WarmShare, compiled_model, left_to_other
 
     claim = claimer(claims)
     taken = 0
@@ -220,10 +220,9 @@ def take_last(
             if not claim(path.name):
                 progress(left_to_other(lm.path, name))
                 return taken  # the helper is compiling it: what comes before is its own
-            compiled_model(
-                lm, job.rows, job.draft, progress=progress, store=store,
-                kinds=frozenset({name}), prefill_chunk=job.prefill_chunk,
-            )  # fmt: skip
+            options = CompileOptions(store=store, prefill_chunk=job.prefill_chunk)
+            share = WarmShare(kinds=frozenset({name}))
+            compiled_model(lm, job.rows, job.draft, options, progress, share)
             taken += 1
     return taken
 
@@ -238,7 +237,7 @@ def main() -> int:
     """The helper: reads its spec (JSON) from stdin, compiles each job into the store."""
     from gateway.engine.models import init_torch_thread
     from gateway.speed.attach import load_fast
-    from gateway.speed.warmup import compiled_model
+    from gateway.speed.warmup import CompileOptions, WarmShare, compiled_model
 
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
     spec = json.load(sys.stdin)
@@ -253,11 +252,11 @@ def main() -> int:
                 job.path, job.device, job.dtype, draft_vocab=job.draft_vocab,
                 cpu_linear=job.weight_major,
             )  # fmt: skip
+            options = CompileOptions(store=store, prefill_chunk=job.prefill_chunk)
+            share = WarmShare(kinds=frozenset(job.kinds) or None, claim=claim)
             _, seconds = compiled_model(
-                lm, job.rows, job.draft, progress=lambda m: print(m, flush=True), store=store,
-                kinds=frozenset(job.kinds) or None, prefill_chunk=job.prefill_chunk,
-                claim=claim,
-            )  # fmt: skip
+                lm, job.rows, job.draft, options, lambda m: print(m, flush=True), share
+            )
         except Exception as exc:
             failed += 1
             print(f"{job.path}: not compiled ({type(exc).__name__}: {exc})", flush=True)

@@ -118,7 +118,7 @@ def step_layout(
 ) -> list[list[int]]:
     """A compiled step's one input, as six flat lists of len(tokens) x width: `row_layout`'s
     four, then each row's slot and the position its logits are kept at (a draft's step),
-    repeated along the row (speed/compiled.py `_step` unpacks it)."""
+    repeated along the row (speed/compiled.py `_step_of` unpacks it)."""
     grid = row_layout(tokens, starts, width)
     grid += [[], []]
     for row, slot in zip(tokens, slots, strict=True):

@@ -217,8 +217,9 @@ def stored(
     kinds: frozenset[str] | None = None, prefill_chunk: int = PREFILL_CHUNK,
 ) -> bool:  # fmt: skip
     """Whether `store` holds every kind of step (of `kinds`, default all) that
-    `compiled_model(lm, max_rows, draft, store=store, prefill_chunk=prefill_chunk)`
-    compiles (so it would only load them); True for a model that is not compiled."""
+    `compiled_model(lm, max_rows, draft, CompileOptions(store=store,
+    prefill_chunk=prefill_chunk))` compiles (so it would only load them); True for a model
+    that is not compiled."""
     paths = step_paths(lm, max_rows, draft, store, prefill_chunk)
     return all(path.exists() for name, path in paths.items() if kinds is None or name in kinds)
 
@@ -228,8 +229,8 @@ def step_paths(
     prefill_chunk: int = PREFILL_CHUNK,
 ) -> dict[str, Path]:  # fmt: skip
     """Each kind's stored step, in `warm_up`'s order, that `compiled_model(lm, max_rows,
-    draft, store=store, prefill_chunk=prefill_chunk)` saves or loads; none for a model that
-    is not compiled."""
+    draft, CompileOptions(store=store, prefill_chunk=prefill_chunk))` saves or loads; none
+    for a model that is not compiled."""
     lean = lean_of(lm)
     if lean is None:
         return {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,39 +23,68 @@ from gateway.speed.store import Precompiled, _artifact, batch_buffers
 log = logging.getLogger("gateway.speed.warmup")
 
 
+@dataclass(frozen=True)
+class CompileOptions:
+    """How a model's step is compiled and made ready (the model pool's compile settings).
+
+    `inductor` False keeps the eager lean step (nothing to compile; with `graphs`, inside
+    the captured graphs). `graphs`: the step is padded to buckets and, on CUDA, replayed as
+    captured graphs (graphs.py; recorded per cache on first use of a bucket). `store` (a
+    folder): each kind is compiled ahead of time and saved there, or loaded from there
+    when an earlier start saved it (`Precompiled`). `measure` (GATEWAY_COMPILE=auto): each
+    kind is timed compiled and eager, and only the kinds where compiling measured faster
+    are served compiled. `prefill_chunk`: the batch's (GATEWAY_PREFILL_CHUNK): the step
+    is compiled for the slot buffers such a batch allocates (`batch_buffers`)."""
+
+    inductor: bool = True
+    graphs: bool = False
+    store: Path | None = None
+    measure: bool = False
+    prefill_chunk: int = PREFILL_CHUNK
+
+
+@dataclass(frozen=True)
+class WarmShare:
+    """This process's share of a warm-up when another process compiles beside it
+    (speed/precompile.py). `kinds`: only these kinds. `then` (kinds, wait): those kinds
+    last, after calling wait() (a helper compiled them into the store meanwhile: they
+    load). `claim` (with a store; precompile.py `claimer`): asked, with the name of its
+    stored step, before a kind not in the store is compiled; a kind it refuses (another
+    process compiles it) is skipped."""
+
+    kinds: frozenset[str] | None = None
+    then: Later | None = None
+    claim: Claim | None = None
+
+
+ALL = WarmShare()  # every kind, no one beside
+
+
 def compiled_model(
     lm: LoadedModel, max_rows: int, draft: bool = False,
-    progress: Callable[[str], None] = log.info, measure: bool = False,
-    inductor: bool = True, graphs: bool = False, store: Path | None = None,
-    kinds: frozenset[str] | None = None, then: Later | None = None,
-    prefill_chunk: int = PREFILL_CHUNK, claim: Claim | None = None,
+    options: CompileOptions = CompileOptions(), progress: Callable[[str], None] = log.info,
+    share: WarmShare = ALL,
 ) -> tuple[LoadedModel, float]:  # fmt: skip
     """``lm`` with its compiled step (a draft's: drafting, through its reduced head if it
     has one; a target's: verify), every kind of step already compiled on a slot cache
-    of the batch's own shapes (so serving compiles nothing more); and the seconds the
-    warm-up took. `graphs`: the step is padded to buckets and, on CUDA, replayed as
-    captured graphs (graphs.py; recorded per cache on first use of a bucket); `inductor`
-    False keeps the eager lean step inside them (nothing to compile). With a `store` (a
-    folder), each kind is compiled ahead of time and saved there, or loaded from there when
-    an earlier start saved it (`Precompiled`). With `measure`
-    (GATEWAY_COMPILE=auto), each kind is then timed compiled and eager and only the kinds
-    where compiling measured faster are served compiled; where none is, ``lm`` comes back
-    eager. Raises ValueError for a model without a lean decoder (its family was not
-    checked, speed/lean.py): it runs eager. `kinds`, `then` and `claim`: see `warm_up`.
-    `prefill_chunk`: the batch's (GATEWAY_PREFILL_CHUNK): the step is compiled for the
-    slot buffers such a batch allocates (`batch_buffers`)."""
+    of the batch's own shapes (so serving compiles nothing more), as `options` say
+    (`CompileOptions`); and the seconds the warm-up took. With `options.measure`, where
+    no kind measured faster, ``lm`` comes back eager. Raises ValueError for a model
+    without a lean decoder (its family was not checked, speed/lean.py): it runs eager.
+    `share`: see `warm_up`."""
     lean = lean_of(lm)
     if lean is None:
         raise ValueError("only models the lean decoder runs are compiled (Llama, Mistral, Qwen2)")
     fast = compile_forwards(
-        lean, keep_last=draft, head=lm.draft_head if draft else None, inductor=inductor,
-        graph_rows=max(2, max_rows) if graphs else 0, store=store,
+        lean, keep_last=draft, head=lm.draft_head if draft else None,
+        inductor=options.inductor, graph_rows=max(2, max_rows) if options.graphs else 0,
+        store=options.store,
     )  # fmt: skip
-    buffers = batch_buffers(lm, max_rows, prefill_chunk)
+    buffers = batch_buffers(lm, max_rows, options.prefill_chunk)
     out = with_compiled(lm, replace(fast, buffers=buffers))
     t0 = time.perf_counter()
-    if inductor:
-        warm_up(out, max_rows, progress, kinds, then, claim)
+    if options.inductor:
+        warm_up(out, max_rows, progress, share)
         step = fast.step if fast.graphs is None else fast.graphs.step
         if isinstance(step, Precompiled):
 
@@ -69,7 +98,7 @@ def compiled_model(
                 f"ahead of time: {named(built)}; just in time: {named(jit)} "
                 f"({step.store})"
             )
-    if measure:
+    if options.measure:
         ratios = measure_kinds(out, max_rows)
         kinds = faster_kinds(ratios)
         progress(
@@ -124,20 +153,19 @@ def measure_kinds(lm: LoadedModel, max_rows: int, repeats: int = 7) -> dict[str,
 
 
 def warm_up(
-    lm: LoadedModel, max_rows: int, progress: Callable[[str], None] = log.info,
-    kinds: frozenset[str] | None = None, then: Later | None = None,
-    claim: Claim | None = None,
-) -> float:  # fmt: skip
+    lm: LoadedModel,
+    max_rows: int,
+    progress: Callable[[str], None] = log.info,
+    share: WarmShare = ALL,
+) -> float:
     """Trace and compile every kind of step a batch of `max_rows` rows runs (one row x one
     token, one row x several tokens, and with two rows or more several rows x one and
     several x several) on a scratch cache shaped like the batch's; returns the seconds
-    spent. `kinds`: only these (a compile helper's share of a model, speed/precompile.py).
-    `then` (kinds, wait): those kinds last, after calling wait() (a helper compiled them
-    into the store meanwhile: they load). `claim` (with a store; speed/precompile.py
-    `claimer`): asked, with the name of its stored step, before a kind not in the store is
-    compiled; a kind it refuses (another process compiles it) is skipped."""
+    spent. `share` (`WarmShare`): the kinds this process compiles, and in which order,
+    when a compile helper shares the work (speed/precompile.py)."""
     fast = compiled_of(lm)
     assert fast is not None
+    kinds, then, claim = share.kinds, share.then, share.claim
     order: list[tuple[int, int] | None] = [
         k for k in warm_kinds(max_rows) if kinds is None or kind(*k) in kinds
     ]

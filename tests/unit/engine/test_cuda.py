@@ -94,10 +94,10 @@ def test_a_mixed_batch_on_cuda_gives_every_row_its_alone_output(model_dirs) -> N
 
 
 def test_the_compiled_step_on_cuda_decodes_what_eager_decodes(model_dirs) -> None:
-    """The compiled batch step (engine/compiled.py) on the GPU, fp32: a mixed batch decodes
+    """The compiled batch step (speed/compiled.py) on the GPU, fp32: a mixed batch decodes
     token for token what the eager batch decodes, and auto's per-kind timing runs there."""
     from gateway.speed.kinds import KINDS
-    from gateway.speed.warmup import compiled_model
+    from gateway.speed.warmup import CompileOptions, compiled_model
     from tests.support.batch import mixed_jobs, run_batch
 
     target = load_fast(model_dirs["llama"], device="cuda", dtype=torch.float32)
@@ -110,6 +110,6 @@ def test_the_compiled_step_on_cuda_decodes_what_eager_decodes(model_dirs) -> Non
     got = run_batch(engine, mixed_jobs(engine, fast_draft))
     assert [r.token_ids for r in got] == [r.token_ids for r in eager]
     said: list[str] = []  # auto: each kind timed compiled and eager on the GPU
-    auto, _ = compiled_model(target, 8, progress=said.append, measure=True)
+    auto, _ = compiled_model(target, 8, options=CompileOptions(measure=True), progress=said.append)
     assert "compiled/eager time by step kind" in said[-1]
     assert compiled_of(auto) is None or compiled_of(auto).kinds <= KINDS

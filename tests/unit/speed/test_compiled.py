@@ -29,7 +29,13 @@ from gateway.speed import cpu_linear, load_fast, packed_linear, wrap_fast
 from gateway.speed.compiled import CompiledForwards
 from gateway.speed.fast import Accelerated, compiled_of, lean_of
 from gateway.speed.kinds import FASTER, MAX_PREFILL, MAX_TOKENS
-from gateway.speed.warmup import compiled_model, faster_kinds, with_compiled
+from gateway.speed.warmup import (
+    CompileOptions,
+    WarmShare,
+    compiled_model,
+    faster_kinds,
+    with_compiled,
+)
 from tests.support.batch import Job, draft_jobs, drive, greedy, mixed_jobs, run_batch
 from tests.support.models import llama
 
@@ -74,7 +80,7 @@ def stored_targets(model_dirs, tmp_path_factory) -> Iterator[Callable[[bool], St
             target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=weight_major)
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # it serves prefill chunks
-                fast, _ = compiled_model(target, 4, store=store)
+                fast, _ = compiled_model(target, 4, options=CompileOptions(store=store))
             assert compiled_of(fast) is not None and isinstance(compiled_of(fast).step, Precompiled)
             step = compiled_of(fast).step
             built[weight_major] = Stored(
@@ -264,7 +270,7 @@ def test_auto_keeps_the_kinds_it_measured_faster_and_decodes_what_eager_decodes(
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
 
     said: list[str] = []
-    fast, _ = compiled_model(target, 4, progress=said.append, measure=True)
+    fast, _ = compiled_model(target, 4, options=CompileOptions(measure=True), progress=said.append)
     ratios = dict(
         (k, float(r)) for k, r in re.findall(r"(1x1|1xN|Bx1|BxN) ([0-9.]+)", said[-1])
     )  # the log line gives compiled/eager per kind: all three were measured
@@ -354,7 +360,7 @@ def test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_ea
     monkeypatch.setattr(compiled_module, "HEAD_SHARE", 10.0)  # the tiny model's head is large
     fast_target = shared.fast
     assert compiled_of(fast_target) is not None and compiled_of(fast_target).prefill_all
-    fast_draft, _ = compiled_model(draft, 4, draft=True, store=tmp_path)
+    fast_draft, _ = compiled_model(draft, 4, draft=True, options=CompileOptions(store=tmp_path))
     widths: list[int] = []
     call = Precompiled.__call__
 
@@ -430,7 +436,7 @@ def test_a_precompiled_step_is_saved_then_loaded_without_tracing(
     assert first.fell_back == []  # none fell back
     assert len(list(store.glob("step-*.pt"))) == 4
     traced = counters["stats"]["unique_graphs"]
-    again, _ = compiled_model(target, 4, store=store)
+    again, _ = compiled_model(target, 4, options=CompileOptions(store=store))
     assert compiled_of(again) is not None and isinstance(compiled_of(again).step, Precompiled)
     assert compiled_of(again).step is not compiled_of(first.fast).step  # type: ignore[union-attr]
     assert sorted(compiled_of(again).step.loaded) == ["1x1", "1xN", "Bx1", "BxN"]
@@ -533,7 +539,9 @@ def test_another_model_config_does_not_load_a_precompiled_step(
     for path in stored_target.store.glob("step-*.pt"):  # the target's 4 rows' steps
         shutil.copy(path, tmp_path)
     assert len(list(tmp_path.glob("step-*.pt"))) == 4
-    other, _ = compiled_model(draft, 4, store=tmp_path, kinds=frozenset({"1x1"}))
+    other, _ = compiled_model(
+        draft, 4, options=CompileOptions(store=tmp_path), share=WarmShare(kinds=frozenset({"1x1"}))
+    )
     assert compiled_of(other) is not None and compiled_of(other).step.loaded == []  # type: ignore[union-attr]
     assert list(compiled_of(other).step.fns) == ["1x1"]  # type: ignore[union-attr]
     assert len(list(tmp_path.glob("step-*.pt"))) == 5
@@ -549,7 +557,7 @@ def test_a_step_is_compiled_for_its_batchs_slot_buffers(model_dirs, tmp_path) ->
     from gateway.speed.store import stored
 
     target = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
-    fast, _ = compiled_model(target, 3, store=tmp_path)
+    fast, _ = compiled_model(target, 3, options=CompileOptions(store=tmp_path))
     assert compiled_of(fast) is not None and compiled_of(fast).buffers == (
         3,
         target.context_length + slot_pad(),
@@ -562,9 +570,13 @@ def test_a_step_is_compiled_for_its_batchs_slot_buffers(model_dirs, tmp_path) ->
     assert {rows for rows, _ in costs.means} == {1, 2, 4}  # bucket 4 timed at 3 rows
     assert counters["stats"]["unique_graphs"] == traced
     one = frozenset({"1x1"})
-    other, _ = compiled_model(target, 2, store=tmp_path, kinds=one)
+    other, _ = compiled_model(
+        target, 2, options=CompileOptions(store=tmp_path), share=WarmShare(kinds=one)
+    )
     assert compiled_of(other) is not None and compiled_of(other).step.loaded == []  # type: ignore[union-attr]
-    again, _ = compiled_model(target, 3, store=tmp_path, kinds=one)
+    again, _ = compiled_model(
+        target, 3, options=CompileOptions(store=tmp_path), share=WarmShare(kinds=one)
+    )
     assert compiled_of(again) is not None and compiled_of(again).step.loaded == ["1x1"]  # type: ignore[union-attr]
     assert len(list(tmp_path.glob("step-*.pt"))) == 5
 
@@ -578,7 +590,9 @@ def test_a_store_that_cannot_be_written_still_serves_the_compiled_step(
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     said: list[str] = []
-    fast, _ = compiled_model(target, 4, store=blocked / "store", progress=said.append)
+    fast, _ = compiled_model(
+        target, 4, options=CompileOptions(store=blocked / "store"), progress=said.append
+    )
     step = compiled_of(fast).step  # type: ignore[union-attr]
     assert all(fn is not None for fn in step.fns.values()) and len(step.fns) == 4
     assert "loaded precompiled: none; compiled ahead of time: 1x1, 1xN, Bx1, BxN" in said[-1]
@@ -597,8 +611,8 @@ def test_a_one_row_batch_is_served_by_the_steps_its_start_compiled(model_dirs, t
 
     eager = one_by_one(Engine(target), draft)
 
-    fast_target, _ = compiled_model(target, 1, store=tmp_path)
-    fast_draft, _ = compiled_model(draft, 1, draft=True, store=tmp_path)
+    fast_target, _ = compiled_model(target, 1, options=CompileOptions(store=tmp_path))
+    fast_draft, _ = compiled_model(draft, 1, draft=True, options=CompileOptions(store=tmp_path))
     steps = [compiled_of(fast_target).step, compiled_of(fast_draft).step]  # type: ignore[union-attr]
     assert all(sorted(s.fns) == ["1x1", "1xN"] for s in steps)  # no multi-row kind
     traced = counters["stats"]["unique_graphs"]

@@ -19,7 +19,7 @@ from gateway.speed import load_fast
 from gateway.speed.fast import Accelerated, compiled_of, lean_of
 from gateway.speed.graphs import MIN_SPAN, bucket
 from gateway.speed.kinds import KINDS
-from gateway.speed.warmup import compiled_model
+from gateway.speed.warmup import CompileOptions, compiled_model
 from tests.support.batch import mixed_jobs, run_batch
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -34,7 +34,9 @@ def test_buckets_are_powers_of_two_up_to_the_limit() -> None:
 
 
 def _graphed(lm: LoadedModel, draft: bool = False) -> LoadedModel:
-    fast, _ = compiled_model(lm, 8, draft=draft, inductor=False, graphs=True)
+    fast, _ = compiled_model(
+        lm, 8, draft=draft, options=CompileOptions(inductor=False, graphs=True)
+    )
     assert compiled_of(fast) is not None and compiled_of(fast).graphs is not None
     assert compiled_of(fast).kinds == KINDS  # one row x one token too
     return fast
@@ -107,8 +109,12 @@ def test_captured_graphs_on_cuda_decode_what_eager_decodes(model_dirs, inductor)
     target = load_fast(model_dirs["llama"], device="cuda", dtype=torch.float32)
     draft = load_fast(model_dirs["draft"], device="cuda", dtype=torch.float32)
     eager = run_batch(Engine(target), mixed_jobs(Engine(target), draft))
-    fast_target, _ = compiled_model(target, 8, inductor=inductor, graphs=True)
-    fast_draft, _ = compiled_model(draft, 8, draft=True, inductor=inductor, graphs=True)
+    fast_target, _ = compiled_model(
+        target, 8, options=CompileOptions(inductor=inductor, graphs=True)
+    )
+    fast_draft, _ = compiled_model(
+        draft, 8, draft=True, options=CompileOptions(inductor=inductor, graphs=True)
+    )
     engine = Engine(fast_target)
     jobs = mixed_jobs(engine, fast_draft)
     got = run_batch(engine, jobs)

@@ -12,7 +12,7 @@ from gateway.engine import Engine
 from gateway.speed import load_fast
 from gateway.speed.fast import compiled_of
 from gateway.speed.precompile import Job, claimer, start, take_last
-from gateway.speed.warmup import compiled_model
+from gateway.speed.warmup import CompileOptions, WarmShare, compiled_model
 from tests.support.batch import mixed_jobs, run_batch
 
 pytestmark = pytest.mark.compile
@@ -35,8 +35,8 @@ def test_what_a_helper_compiled_loads_here_without_tracing(model_dirs, tmp_path)
     assert len(list(tmp_path.glob("step-*.pt"))) == 8
     assert not list(tmp_path.glob(".claims-*"))  # the claims folder went with the helper
     traced = counters["stats"]["unique_graphs"]
-    fast_target, _ = compiled_model(target, 8, store=tmp_path)
-    fast_draft, _ = compiled_model(draft, 8, draft=True, store=tmp_path)
+    fast_target, _ = compiled_model(target, 8, options=CompileOptions(store=tmp_path))
+    fast_draft, _ = compiled_model(draft, 8, draft=True, options=CompileOptions(store=tmp_path))
     for fast in (fast_target, fast_draft):
         assert sorted(compiled_of(fast).step.loaded) == KINDS  # type: ignore[union-attr]
     engine = Engine(fast_target)
@@ -73,8 +73,13 @@ def test_taking_the_last_kinds_stops_where_the_helper_is(model_dirs, tmp_path, c
     at = "BxN"  # warm_up's order is 1xN, Bx1, BxN, 1x1: the helper is at its third kind
     helper = claimer(claims)
     # the helper claims that kind (by the name warm_up asks with) and compiles nothing
-    compiled_model(draft, 8, draft=True, store=store, kinds=frozenset({at}),
-                   claim=lambda name: helper(name) and False)  # fmt: skip
+    compiled_model(
+        draft,
+        8,
+        draft=True,
+        options=CompileOptions(store=store),
+        share=WarmShare(kinds=frozenset({at}), claim=lambda name: helper(name) and False),
+    )
     assert len(list(claims.iterdir())) == 1 and not list(store.glob("step-*.pt"))
     with caplog.at_level(logging.INFO):
         taken = take_last([(draft, Job.of(draft, 8, draft=True))], store, claims)
@@ -83,7 +88,13 @@ def test_taking_the_last_kinds_stops_where_the_helper_is(model_dirs, tmp_path, c
     assert [p.stem.split("-")[-2] for p in store.glob("step-*.pt")] == ["1x1"]
     # what was taken loads (the kinds not taken would only compile here: the glob above
     # shows that none of them was stored)
-    fast, _ = compiled_model(draft, 8, draft=True, store=store, kinds=frozenset({"1x1"}))
+    fast, _ = compiled_model(
+        draft,
+        8,
+        draft=True,
+        options=CompileOptions(store=store),
+        share=WarmShare(kinds=frozenset({"1x1"})),
+    )
     assert compiled_of(fast).step.loaded == ["1x1"]  # type: ignore[union-attr]
 
 
@@ -93,11 +104,22 @@ def test_a_kind_stored_by_an_earlier_start_is_passed_over(model_dirs, tmp_path) 
     draft = load_fast(model_dirs["draft"], device="cpu", cpu_linear=True)
     store, claims = tmp_path / "store", tmp_path / "claims"
     claims.mkdir()
-    compiled_model(draft, 8, draft=True, store=store, kinds=frozenset({"1x1"}))  # stored
+    compiled_model(
+        draft,
+        8,
+        draft=True,
+        options=CompileOptions(store=store),
+        share=WarmShare(kinds=frozenset({"1x1"})),
+    )  # stored
     helper = claimer(claims)
     claimed = frozenset({"1xN"})  # the helper's: claimed, not compiled
-    compiled_model(draft, 8, draft=True, store=store, kinds=claimed,
-                   claim=lambda name: helper(name) and False)  # fmt: skip
+    compiled_model(
+        draft,
+        8,
+        draft=True,
+        options=CompileOptions(store=store),
+        share=WarmShare(kinds=claimed, claim=lambda name: helper(name) and False),
+    )
     taken = take_last([(draft, Job.of(draft, 8, draft=True))], store, claims)
     assert taken == 2  # BxN and Bx1; 1x1 was stored, 1xN is the helper's
     assert sorted(p.stem.split("-")[-2] for p in store.glob("step-*.pt")) == ["1x1", "Bx1", "BxN"]

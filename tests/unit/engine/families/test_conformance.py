@@ -195,14 +195,14 @@ def test_the_lean_decoder_serves_the_families_it_was_checked_for() -> None:
 
 @pytest.mark.parametrize("name", LEAN)
 def test_the_compiled_step_gives_the_generate_output(name: str) -> None:
-    """The compiled step's function (engine/compiled.py `_step`: its own mask, joined
+    """The compiled step's function (speed/compiled.py `_step_of`: its own mask, joined
     projections), run without inductor: a mixed batch of standard and speculative rows
     (the draft's step compiled too) decodes what generate does."""
-    from gateway.speed.warmup import compiled_model
+    from gateway.speed.warmup import CompileOptions, compiled_model
 
     fresh = wrap_fast(BY_NAME[name].build(seed=1), tokenizer())
-    fast, _ = compiled_model(fresh, 4, inductor=False)
-    small, _ = compiled_model(draft(name), 4, draft=True, inductor=False)
+    fast, _ = compiled_model(fresh, 4, options=CompileOptions(inductor=False))
+    small, _ = compiled_model(draft(name), 4, draft=True, options=CompileOptions(inductor=False))
     assert compiled_of(fast) is not None and compiled_of(small) is not None
     engine = Engine(fast)
     jobs = [
