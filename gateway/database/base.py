@@ -30,7 +30,7 @@ from sqlalchemy.pool import StaticPool
 
 from gateway.database.audit.chain import EVENT_FIELDS, GENESIS, link
 from gateway.database.audit.types import AdminEvent
-from gateway.database.tables import EVENTS
+from gateway.database.tables_audit import EVENTS
 
 #: pg_advisory_xact_lock keys serializing "read last hash + insert" per chain.
 RECORDS_LOCK = 0x61756469745F72  # "audit_r"

@@ -15,7 +15,7 @@ from typing import cast
 from sqlalchemy import BigInteger, Float, Index, Integer, String, Table
 from sqlalchemy.orm import Mapped, mapped_column
 
-from gateway.database.tables import Base, BigId, UTCDateTime
+from gateway.database.columns import Base, BigId, UTCDateTime
 
 
 class PrincipalRow(Base):

@@ -45,7 +45,7 @@ from gateway.database.audit.queries import to_json_ready
 from gateway.database.audit.types import AuditUnavailable
 from gateway.database.base import EVENTS_LOCK, chain_head, utcnow
 from gateway.database.store import Database
-from gateway.database.tables import ADMISSIONS, EVENTS, RECORDS
+from gateway.database.tables_audit import ADMISSIONS, EVENTS, RECORDS
 
 LOG_LOCK = 0x61756469745F6C  # "audit_l": one sequencer and signer at a time
 KIND_TABLES = {"admission": ADMISSIONS, "record": RECORDS, "event": EVENTS}

@@ -21,7 +21,7 @@ from typing import cast
 from sqlalchemy import BigInteger, Index, LargeBinary, SmallInteger, String, Table, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from gateway.database.tables import Base, BigId, UTCDateTime
+from gateway.database.columns import Base, BigId, UTCDateTime
 
 
 class LogLeafRow(Base):

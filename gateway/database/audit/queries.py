@@ -23,7 +23,7 @@ from sqlalchemy.engine import RowMapping
 from gateway.database.audit.chain import format_datetime
 from gateway.database.audit.types import RecordFilter
 from gateway.database.base import StoreBase
-from gateway.database.tables import EVENTS, PAYLOADS, RECORDS
+from gateway.database.tables_audit import EVENTS, PAYLOADS, RECORDS
 
 RECORD_COLUMNS: tuple[str, ...] = tuple(c.name for c in RECORDS.columns)
 """Column order of exports (CSV header)."""

@@ -29,7 +29,7 @@ from gateway.database.audit.types import (
     sha256_text,
 )
 from gateway.database.base import RECORDS_LOCK, StoreBase, chain_head, utcnow
-from gateway.database.tables import ADMISSIONS, EVENTS, PAYLOADS, RECORDS
+from gateway.database.tables_audit import ADMISSIONS, EVENTS, PAYLOADS, RECORDS
 
 _VERIFY_PAGE = 2000
 _INCOMPLETE_LISTED = 20

@@ -27,7 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway.database.audit.chain import format_datetime
 from gateway.database.audit.types import AdminEvent, AuditUnavailable
 from gateway.database.base import StoreBase, utcnow
-from gateway.database.tables import PAYLOADS
+from gateway.database.tables_audit import PAYLOADS
 
 PURGE_ACTION = "audit.payloads_purged"
 """The admin event of one purge transaction."""
