@@ -30,8 +30,8 @@ from sqlalchemy import create_engine, insert
 
 from gateway.database import AuditLog, AuditWriter, Database, Signer
 from gateway.database.audit import merkle
-from gateway.database.audit.log import append_leaves, node_source
 from gateway.database.audit.log_tables import CHECKPOINTS
+from gateway.database.audit.log_tree import append_leaves, node_source
 from gateway.serving.checkpoints import CheckpointJob
 
 CHECKPOINT_EVERY_S = 0.5

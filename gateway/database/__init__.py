@@ -56,7 +56,8 @@ export-log,checkpoints,verify-export}``.
 """
 
 from gateway.database.audit.chain import format_datetime
-from gateway.database.audit.log import AuditLog, LogBroken
+from gateway.database.audit.log import AuditLog
+from gateway.database.audit.log_sign import LogBroken
 from gateway.database.audit.note import Signer, Verifier
 from gateway.database.audit.types import (
     OPERATOR_ROLES,

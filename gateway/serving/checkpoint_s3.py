@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.database import AuditLog
-from gateway.database.audit.log import Signed
+from gateway.database.audit.log_sign import Signed
 from gateway.serving.checkpoints import SinkProblem
 
 MODES = ("COMPLIANCE", "GOVERNANCE")

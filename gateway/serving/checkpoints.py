@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.database import AuditLog, Database, Signer, Verifier
-from gateway.database.audit.log import SEQUENCE_BATCH, Signed
+from gateway.database.audit.log_sign import SEQUENCE_BATCH, Signed
 from gateway.database.audit.note import SignedNote, generated_signer, load_signer
 from gateway.database.audit.witness import Witness, WitnessRequest
 

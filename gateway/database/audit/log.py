@@ -22,194 +22,33 @@ signed checkpoint at most one checkpoint interval after it is written.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.database.audit import merkle
-from gateway.database.audit.chain import EVENT_FIELDS, GENESIS, link
-from gateway.database.audit.leaves import leaf_from_hash
-from gateway.database.audit.log_tables import (
-    CHECKPOINTS,
-    COSIGNATURES,
-    LEAVES,
-    SIGNING_KEYS,
+from gateway.database.audit.log_sign import (
+    SEQUENCE_BATCH,
+    LogBroken,
+    Signed,
+    register_key,
+    sign_checkpoint,
 )
-from gateway.database.audit.note import Checkpoint, SignedNote, Signer, b64
+from gateway.database.audit.log_tables import CHECKPOINTS, COSIGNATURES, LEAVES, SIGNING_KEYS
+from gateway.database.audit.log_tree import KIND_TABLES, log_size, node_source
+from gateway.database.audit.note import SignedNote, Signer, b64
 from gateway.database.audit.queries import to_json_ready
 from gateway.database.audit.types import AuditUnavailable
-from gateway.database.base import EVENTS_LOCK, chain_head, utcnow
+from gateway.database.base import utcnow
 from gateway.database.store import Database
-from gateway.database.tables_audit import ADMISSIONS, EVENTS, RECORDS
+
+__all__ = ["AuditLog", "LogBroken", "Signed"]
 
 LOG_LOCK = 0x61756469745F6C  # "audit_l": one sequencer and signer at a time
-KIND_TABLES = {"admission": ADMISSIONS, "record": RECORDS, "event": EVENTS}
-SEQUENCE_BATCH = 5_000
-"""Rows one checkpoint transaction sequences at most (the job runs again at once for the
-rest): on SQLite the transaction holds the database's write lock, so a backlog (the first
-start over an existing log) is taken in steps that delay appends by tens of milliseconds,
-not by seconds."""
-KEY_ACTOR = "gateway:checkpoints"
-ROTATED = "audit.signing_key_rotated"
-ADDED = "audit.signing_key_added"
-
-
-class LogBroken(AuditUnavailable):
-    """A chain row no longer matches its hash or link, or the stored tree no longer
-    extends the last signed checkpoint: nothing is signed until an operator looks."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Signed:
-    """What one checkpoint run did."""
-
-    id: int
-    size: int
-    root: bytes
-    note: str
-    appended: int
-    """Leaves this run sequenced."""
-
-
-def node_source(conn: Connection) -> merkle.NodeSource:
-    """Perfect nodes read from the store: leaf hashes (level 0) from ``audit_log_leaves``,
-    the others from ``audit_log_nodes``; at most two queries a proof."""
-
-    def fetch(wanted: Sequence[merkle.Node]) -> dict[merkle.Node, bytes]:
-        got: dict[merkle.Node, bytes] = {}
-        by_level: dict[int, list[str]] = {}
-        for level, idx in wanted:
-            by_level.setdefault(int(level), []).append(str(int(idx)))
-        # Plain SQL over integers this code computed (never input), one IN list per level
-        # (each an index range of the primary key): building the same query as SQLAlchemy
-        # expressions took most of a proof's time (~5 ms of ~6 at 1M leaves), and a
-        # row-value IN over (level, idx) made SQLite scan the table.
-        leaves = by_level.pop(0, None)
-        if leaves:
-            sql = f"SELECT idx, hash FROM audit_log_leaves WHERE idx IN ({','.join(leaves)})"
-            got.update({(0, int(i)): bytes(h) for i, h in conn.execute(text(sql))})
-        if by_level:
-            where = " OR ".join(
-                f"(level = {lv} AND idx IN ({','.join(ix)}))" for lv, ix in by_level.items()
-            )
-            sql = f"SELECT level, idx, hash FROM audit_log_nodes WHERE {where}"
-            got.update({(int(lv), int(i)): bytes(h) for lv, i, h in conn.execute(text(sql))})
-        missing = [n for n in wanted if n not in got]
-        if missing:
-            raise merkle.ProofError(f"tree nodes missing from the store: {missing[:3]}")
-        return got
-
-    return fetch
-
-
-def log_size(conn: Connection) -> int:
-    top = conn.execute(select(func.max(LEAVES.c.idx))).scalar()
-    return 0 if top is None else int(top) + 1
-
-
-def append_leaves(conn: Connection, size: int, leaves: list[tuple[str, int, bytes]]) -> int:
-    """Store ``leaves`` (kind, source id, leaf hash) after the ``size`` already there, with
-    every perfect node they complete; returns the new size."""
-    if not leaves:
-        return size
-    frontier = node_source(conn)(merkle.frontier_nodes(size))
-    nodes = merkle.new_nodes(size, [h for _, _, h in leaves], frontier)
-    rows = [(size + i, k, s, h) for i, (k, s, h) in enumerate(leaves)]
-    _insert_many(conn, "audit_log_leaves (idx, kind, source_id, hash)", rows)
-    inner = [(lv, ix, h) for (lv, ix), h in nodes if lv]
-    if inner:
-        _insert_many(conn, "audit_log_nodes (level, idx, hash)", inner)
-    return size + len(leaves)
-
-
-def _insert_many(conn: Connection, into: str, rows: list[tuple[Any, ...]]) -> None:
-    """``INSERT INTO <into> VALUES (...)`` for plain tuples, straight to the driver: the
-    per-row parameter building of ``insert(table)`` was half a checkpoint's CPU."""
-    marks = _placeholders(conn, len(rows[0]))
-    conn.exec_driver_sql(f"INSERT INTO {into} VALUES ({marks})", rows)
-
-
-def _placeholders(conn: Connection, n: int) -> str:
-    style = conn.dialect.paramstyle
-    if style == "qmark":
-        return ", ".join("?" * n)
-    if style.startswith("numeric"):  # asyncpg's adapter: $1, $2 ...
-        return ", ".join(f"${i}" for i in range(1, n + 1))
-    return ", ".join(["%s"] * n)
-
-
-def _sequenced(conn: Connection) -> dict[str, int]:
-    """The last row id of each chain that is in the log: one max per kind, each a seek in
-    the (kind, source_id) index (a GROUP BY would read the whole index every run)."""
-    out = {}
-    for kind in KIND_TABLES:
-        stmt = select(func.max(LEAVES.c.source_id)).where(LEAVES.c.kind == kind)
-        out[kind] = int(conn.execute(stmt).scalar() or 0)
-    return out
-
-
-def _new_rows(conn: Connection, limit: int) -> list[tuple[str, int, bytes]]:
-    """The chains' rows not yet in the log (at most ``limit``), checked and hashed."""
-    last = _sequenced(conn)
-    out: list[tuple[str, int, bytes]] = []
-    for kind, table in KIND_TABLES.items():
-        if len(out) >= limit:
-            break
-        after = int(last.get(kind) or 0)
-        prev = GENESIS
-        if after:
-            prev = conn.execute(select(table.c.record_hash).where(table.c.id == after)).scalar_one()
-        sql = (
-            f"SELECT id, prev_hash, record_hash FROM {table.name} WHERE id > {after} "
-            f"ORDER BY id LIMIT {int(limit - len(out))}"
-        )  # integers this code computed; the driver's rows, without result processing
-        for rid, prev_hash, record_hash in conn.exec_driver_sql(sql):
-            if prev_hash != prev:
-                raise LogBroken(
-                    f"{table.name} row {rid} does not link to the row before it: the chain "
-                    "was cut or rewritten; not sequenced, no checkpoint signed (run verify)"
-                )
-            prev = record_hash
-            out.append((kind, int(rid), leaf_from_hash(kind, record_hash)))
-    return out
-
-
-def _latest(conn: Connection) -> Any:
-    return conn.execute(select(CHECKPOINTS).order_by(CHECKPOINTS.c.id.desc()).limit(1)).first()
-
-
-def _sign(conn: Connection, signer: Signer, now: datetime, limit: int) -> Signed | None:
-    size = log_size(conn)
-    leaves = _new_rows(conn, limit)
-    new_size = append_leaves(conn, size, leaves)
-    last = _latest(conn)
-    old_size = 0 if last is None else int(last.tree_size)
-    if new_size == old_size and last is not None:
-        return None
-    if new_size == 0:
-        return None
-    source = node_source(conn)
-    root = merkle.root(new_size, source)
-    if last is not None:
-        old_root = bytes.fromhex(last.root_hash)
-        try:
-            proof = merkle.consistency_proof(old_size, new_size, source)
-            merkle.verify_consistency(old_size, new_size, old_root, root, proof)
-        except merkle.ProofError as exc:
-            raise LogBroken(f"the stored tree does not extend checkpoint {last.id}: {exc}") from exc
-    body = Checkpoint(signer.name, new_size, root, now).text
-    note = body + "\n" + signer.sign_line(body)
-    row = {
-        "tree_size": new_size, "root_hash": root.hex(), "key_id": signer.verifier.id.hex(),
-        "note": note, "created_at": now,
-    }  # fmt: skip
-    cid = conn.execute(insert(CHECKPOINTS).returning(CHECKPOINTS.c.id), row).scalar_one()
-    return Signed(int(cid), new_size, root, note, len(leaves))
 
 
 def _checkpoint_row(conn: Connection, tree_size: int | None) -> Any:
@@ -247,29 +86,6 @@ def _inclusion(
     }  # fmt: skip
 
 
-def _register_key(conn: Connection, signer: Signer, now: datetime, postgres: bool) -> None:
-    """A key not seen before is registered, and chained as an admin event (a rotation when
-    another key signed before) in the same transaction, so it is a leaf of the checkpoint
-    it signs."""
-    vkey = signer.verifier.vkey
-    stmt = select(SIGNING_KEYS.c.vkey).order_by(SIGNING_KEYS.c.added_at.desc())
-    known = [r[0] for r in conn.execute(stmt).all()]
-    if vkey in known:
-        return
-    key_id = signer.verifier.id.hex()
-    conn.execute(insert(SIGNING_KEYS), {"vkey": vkey, "key_id": key_id, "added_at": now})
-    if postgres:  # the admin events' chain lock, as every event append takes it
-        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": EVENTS_LOCK})
-    row: dict[str, Any] = {
-        "actor": KEY_ACTOR, "action": ROTATED if known else ADDED,
-        "subject": "audit_signing_keys", "before": {"vkey": known[0]} if known else None,
-        "after": {"vkey": vkey, "key_id": key_id}, "created_at": now,
-        "prev_hash": chain_head(conn, EVENTS.c.id, EVENTS.c.record_hash),
-    }  # fmt: skip
-    row["record_hash"] = link(row, EVENT_FIELDS, row["prev_hash"])
-    conn.execute(insert(EVENTS), row)
-
-
 class AuditLog:
     """The log of one database; ``signer`` (the log's key, its name the origin) is needed
     to sign checkpoints only: reading proofs and checkpoints takes none."""
@@ -293,8 +109,8 @@ class AuditLog:
         postgres = not self.store.is_sqlite
 
         def body(conn: Connection) -> Signed | None:
-            _register_key(conn, signer, stamp, postgres)
-            return _sign(conn, signer, stamp, limit)
+            register_key(conn, signer, stamp, postgres)
+            return sign_checkpoint(conn, signer, stamp, limit)
 
         try:  # one hand-off to the store's writer (SQLite: its own thread), under LOG_LOCK
             return await self.store._transact(body, LOG_LOCK)

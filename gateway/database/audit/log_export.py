@@ -22,8 +22,9 @@ from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 
 from gateway.database.audit import merkle
-from gateway.database.audit.log import KIND_TABLES, AuditLog, log_size, node_source
+from gateway.database.audit.log import AuditLog
 from gateway.database.audit.log_tables import CHECKPOINTS, LEAVES
+from gateway.database.audit.log_tree import KIND_TABLES, log_size, node_source
 from gateway.database.audit.note import b64
 from gateway.database.audit.queries import to_json_ready
 

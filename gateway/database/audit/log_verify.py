@@ -19,8 +19,9 @@ from sqlalchemy.engine import Connection
 
 from gateway.database.audit import merkle
 from gateway.database.audit.leaves import leaf_from_hash
-from gateway.database.audit.log import KIND_TABLES, AuditLog
+from gateway.database.audit.log import AuditLog
 from gateway.database.audit.log_tables import CHECKPOINTS, LEAVES, SIGNING_KEYS
+from gateway.database.audit.log_tree import KIND_TABLES
 from gateway.database.audit.note import Checkpoint, NoteError, SignedNote, Verifier
 
 PAGE = 5000

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.database import AuditLog, Database, Signer
-from gateway.database.audit import log as log_module
+from gateway.database.audit import log_sign
 from gateway.database.audit.log_export import export_log
 from gateway.database.audit.verify_export import verify_export
 from gateway.serving import checkpoints
@@ -72,4 +72,4 @@ async def test_a_backlog_is_signed_in_steps_at_once(
     finally:
         await job.stop()
         await store.close()
-    assert log_module.SEQUENCE_BATCH >= 1000  # the real step is unchanged
+    assert log_sign.SEQUENCE_BATCH >= 1000  # the real step is unchanged
