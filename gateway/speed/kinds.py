@@ -12,7 +12,7 @@ MAX_TOKENS = 16  # tokens a row feeds in a compiled decode, verify or drafting s
 MAX_PREFILL = 2 * PREFILL_CHUNK
 """Prompt tokens a row feeds in a prefill chunk the compiled step serves (`serves`); longer
 chunks (from a GATEWAY_PREFILL_CHUNK of about 205, whose lone rows take a quarter chunk
-more: batch/scheduler.py `TAIL`) run eager. The step's shapes are dynamic in the tokens,
+more: batch/chunks.py `TAIL`) run eager. The step's shapes are dynamic in the tokens,
 so a chunk is the same graph as a verify step (no new trace,
 `tests/unit/speed/test_compiled.py`)."""
 HEAD_SHARE = 0.25

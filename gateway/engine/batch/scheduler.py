@@ -7,11 +7,11 @@ before the next step. One step:
 
 1. Prefill: the oldest rows still prefilling feed their next chunks of prompt (at most
    `prefill_chunk` tokens a row; a row alone takes a rest of up to a quarter chunk with
-   its last, within the budget) in one forward of their own, at most `prefill_budget`
-   tokens in all (rows x longest chunk), so a long arrival delays the others by one chunk
-   per step, not by its whole prompt, arrivals that come together (as far along, within a
-   chunk) prefill together, and the decoding rows wait at most one budget's forward a
-   step.
+   its last, within the budget; batch/chunks.py) in one forward of their own, at most
+   `prefill_budget` tokens in all (rows x longest chunk), so a long arrival delays the
+   others by one chunk per step, not by its whole prompt, arrivals that come together (as
+   far along, within a chunk) prefill together, and the decoding rows wait at most one
+   budget's forward a step.
 2-4. Every decoding row plans its step exactly as alone (room and k: loop.plan_k; the
    proposal; grammar masks: loop.plan_masks): standard rows feed 1 token, speculative rows
    1 + n. Rows drafting with the same draft model draft together (batch/drafting.py: one
@@ -33,21 +33,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
 
 import torch
 
 from gateway.engine.backends.base import slot_cache
+from gateway.engine.batch.chunks import prefill_group
 from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.drafting import DraftBatch
 from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.batch.kchoice import choose_batch_k, explore_offset
 from gateway.engine.batch.prefix import PrefixCache
+from gateway.engine.batch.rows import Event, Row, StepMark, failed
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK, slot_pad
 from gateway.engine.loop import (
     NO_PROPOSAL,
     LoopConfig,
-    RowTimes,
     StepPlan,
     _measure_c,
     finish_result,
@@ -58,42 +58,8 @@ from gateway.engine.loop import (
 from gateway.engine.models import LoadedModel
 from gateway.engine.proposers.base import Proposal
 from gateway.engine.proposers.draft_model import DraftModelProposer
-from gateway.engine.schema import Delta, Finished
 
-Event = Delta | Finished | Exception  # an Exception ends its row: the consumer raises it
-TAIL = 4  # a row prefilling alone takes a rest of up to 1/TAIL chunk with its chunk
-
-
-@dataclass
-class Row:
-    """One request inside a batch."""
-
-    cfg: LoopConfig
-    cancelled: Callable[[], bool] | None
-    slot: int
-    ctx: list[int]
-    t_start: float = field(default_factory=time.perf_counter)
-    times: RowTimes = field(default_factory=RowTimes)
-    prefilled: int = 0  # prompt tokens already in the slot (all but the last get there)
-    forwards: int = 0
-    decode_forwards: int = 0  # read by loop._measure_c, like TargetRunner's
-    decode_forward_s: float = 0.0
-    finished: bool = False
-
-    @property
-    def prefilling(self) -> bool:
-        """Prompt tokens (all but the last) not yet in the slot."""
-        return self.prefilled < len(self.cfg.prompt_ids) - 1
-
-
-@dataclass(frozen=True)
-class _StepMark:
-    """A decoding step, for the overhead measured at the next one's start."""
-
-    started: float
-    rows: int  # rows that decoded
-    drafted: bool  # any of them drafted
-    forward_s: float  # its forwards, target and draft
+__all__ = ["Batch", "Event", "Row"]
 
 
 class Batch:
@@ -128,7 +94,7 @@ class Batch:
         self.steps = 0
         self.draft_forwards = 0  # shared draft forwards (each drafts for every row in it)
         self._forward_s = 0.0  # this step's forwards, target and draft (prefill included)
-        self._last: _StepMark | None = None  # the previous decoding step, for its overhead
+        self._last: StepMark | None = None  # the previous decoding step, for its overhead
 
     @property
     def free(self) -> int:
@@ -219,7 +185,7 @@ class Batch:
                 try:
                     k = plan_k(row.cfg, row.ctx, row.cancelled)  # 2-3a
                 except Exception as exc:  # this row's error must not end the others
-                    events[id(row)].append(_failed(row, exc))
+                    events[id(row)].append(failed(row, exc))
                     continue
                 if k is None:
                     events[id(row)] += self._finish(row)
@@ -235,7 +201,7 @@ class Batch:
             self._leave(row)
         self._last = None
         if plans and self.rows and not prefilled:  # the next step follows at once
-            self._last = _StepMark(started, len(plans), any(k for _, k in ks), self._forward_s)
+            self._last = StepMark(started, len(plans), any(k for _, k in ks), self._forward_s)
         return out
 
     def _observe_overhead(self, now: float) -> None:
@@ -256,41 +222,13 @@ class Batch:
     # -- the steps ------------------------------------------------------------------------
 
     def _prefill(self, stepping: list[Row]) -> bool:
-        """1. The oldest prefilling rows feed their next chunks (at most `prefill_chunk`
-        tokens a row) in one forward, within a budget of `prefill_budget` tokens (rows x
-        longest chunk, padding included): arrivals that come together prefill together,
-        where the matrix products are more efficient per token. A row joins the oldest
-        one's forward only if its prompt is as far along, within one chunk: the forward
-        attends every row over the longest row's keys, and a fresh arrival beside a
-        long prompt's late chunk would attend over thousands of masked ones. Returns
-        whether anything was prefilled.
-
-        A row that prefills alone takes the rest of its prompt whole when that rest is at
-        most a chunk and a quarter (`TAIL`) and within the budget: a forward's fixed cost
-        is large against a few tokens' (eager, demo target, 2 cores: about 6 ms plus 0.16
-        ms a token), so a 141-token prompt prefilled as 128 + 12 took 13.7 ms more than
-        its first chunk alone, and its first token came a step later. Alone, no other row
-        is padded to its width, so a slot's pad still holds every filler."""
+        """1. The oldest prefilling rows feed their next chunks in one forward, the rows
+        and chunks batch/chunks.py `prefill_group` picks (within `prefill_chunk` tokens a
+        row and `prefill_budget` in all). Returns whether anything was prefilled."""
         waiting = [r for r in stepping if r.prefilling and not r.finished]
         if not waiting:
             return False
-        group: list[tuple[Row, list[int]]] = []
-        width = 0  # the first row's chunk: the others feed at most as many tokens
-        for row in waiting:
-            left = len(row.cfg.prompt_ids) - 1 - row.prefilled
-            if not group:
-                width = min(left, self.prefill_chunk)
-            elif (len(group) + 1) * width > self.prefill_budget:
-                break
-            elif abs(row.prefilled - group[0][0].prefilled) > self.prefill_chunk:
-                continue  # every row attends to the group's longest span: keep them close
-            take = min(left, width)
-            group.append((row, row.ctx[row.prefilled : row.prefilled + take]))
-        if len(group) == 1:  # a short rest of one row's prompt goes in now, not a step later
-            row, chunk = group[0]
-            left = len(row.cfg.prompt_ids) - 1 - row.prefilled
-            if left - len(chunk) <= self.prefill_chunk // TAIL and left <= self.prefill_budget:
-                group[0] = (row, row.ctx[row.prefilled : row.prefilled + left])
+        group = prefill_group(waiting, self.prefill_chunk, self.prefill_budget)
         t0 = time.perf_counter()
         slots, chunks = [r.slot for r, _ in group], [c for _, c in group]
         batched_forward(self.target.model, Step(self.cache, slots, chunks, keep_last=True),
@@ -331,7 +269,7 @@ class Batch:
             try:
                 proposals[id(row)] = p.propose(row.ctx, k)
             except Exception as exc:
-                events[id(row)].append(_failed(row, exc))
+                events[id(row)].append(failed(row, exc))
             row.times.draft_s += time.perf_counter() - t0
         k_of = {id(row): k for row, k in ks}
         for key, rows in shared.items():
@@ -343,7 +281,7 @@ class Batch:
                 got = db.propose(asks)  # type: ignore[arg-type]
             except Exception as exc:  # a failed shared draft ends the rows that drafted
                 for row in rows:
-                    events[id(row)].append(_failed(row, exc))
+                    events[id(row)].append(failed(row, exc))
                 continue
             spent = time.perf_counter() - t0
             self.draft_forwards += db.forwards - before
@@ -351,7 +289,7 @@ class Batch:
             for row, proposal in zip(rows, got, strict=True):
                 row.times.draft_s += spent
                 if isinstance(proposal, Exception):
-                    events[id(row)].append(_failed(row, proposal))
+                    events[id(row)].append(failed(row, proposal))
                 else:
                     proposals[id(row)] = proposal
         plans: list[tuple[Row, StepPlan]] = []
@@ -361,7 +299,7 @@ class Batch:
             try:
                 plan = plan_masks(row.cfg, k, proposals.get(id(row), NO_PROPOSAL), row.times)
             except Exception as exc:
-                events[id(row)].append(_failed(row, exc))
+                events[id(row)].append(failed(row, exc))
                 continue
             plans.append((row, plan))
         return plans
@@ -389,7 +327,7 @@ class Batch:
             try:
                 m = settle_step(cfg, row.ctx, plan, z, row.times)  # 6-8
             except Exception as exc:
-                events[id(row)].append(_failed(row, exc))
+                events[id(row)].append(failed(row, exc))
                 continue
             self.cache.length[row.slot] = before + m  # 7. every committed token but the last
             if cfg.policy is not None and cfg.proposer is not None:  # 9.
@@ -417,8 +355,3 @@ class Batch:
         out.append(finish_result(row.cfg, row.times, row.t_start, row.forwards, c))
         row.finished = True
         return out
-
-
-def _failed(row: Row, exc: Exception) -> Exception:
-    row.finished = True
-    return exc
