@@ -44,6 +44,7 @@ too."""
 SPLIT = frozenset(
     {
         "unit/speed/test_compiled.py",
+        "unit/speed/test_compiled_store.py",
         "unit/speed/test_precompile.py",
         "unit/serving/test_compile_helper.py",
     }
@@ -51,7 +52,7 @@ SPLIT = frozenset(
 """Modules whose tests are handed out one by one (paths under tests/)."""
 GROUPS = {
     "test_compiled-stored": tuple(
-        f"tests/unit/speed/test_compiled.py::{name}"
+        f"tests/unit/speed/test_compiled_store.py::{name}"
         for name in (
             "test_a_step_whose_keys_span_one_position_runs_eager",
             "test_prefill_chunks_run_the_compiled_step_its_guards_accept_and_decode_as_eager",
@@ -65,7 +66,7 @@ GROUPS = {
     ),
 }
 """Tests that share a costly fixture across what would be several scopes (node id
-prefixes): test_compiled.py's `stored_targets`, service/conftest.py's
+prefixes): test_compiled_store.py's `stored_targets`, service/conftest.py's
 `tool_families_gateway`. Each group goes to one worker, which builds the fixture once."""
 TESTS = Path(__file__).parent
 

@@ -14,7 +14,7 @@ MAX_PREFILL = 2 * PREFILL_CHUNK
 chunks (from a GATEWAY_PREFILL_CHUNK of about 205, whose lone rows take a quarter chunk
 more: batch/chunks.py `TAIL`) run eager. The step's shapes are dynamic in the tokens,
 so a chunk is the same graph as a verify step (no new trace,
-`tests/unit/speed/test_compiled.py`)."""
+`tests/unit/speed/test_compiled_store.py`)."""
 HEAD_SHARE = 0.25
 """A target step serves prefill chunks (`CompiledForwards.prefill_all`) when its output
 head has at most this share of its layers' weights: the demo target's is 0.2 (a 8192 x 256
