@@ -15,15 +15,21 @@ tokens, a leaving row's tokens after `take` reset the slot) is removed right bef
 next forward writes there (`llama_memory_seq_rm`): rollback is sequence removal, done
 lazily. A kept prefix moves between slots by `llama_memory_seq_cp`.
 
-The KV buffer is unified (`kv_unified`): all sequences share one pool of cells, so a copy
-between sequences shares cells instead of copying data, and any mix of rows and tokens
-goes in one batch. Its cost: attention runs over the span of cells in use by all rows,
-masked per sequence, not each row's own (llama.cpp's non-unified layout gives each
-sequence its own stream; a later step).
+Each sequence has a KV stream of its own (llama.cpp's non-unified layout): a row's keys
+and values sit in its stream's cells in position order whatever the other rows do, and
+attention runs over its own cells only. In one shared pool of cells (`kv_unified`) a
+row's cells land wherever cells are free, and the order its attention sums them in moves
+its logits (by up to 3.7e-3 at f32 weights and 0.1 at Q8_0 on the demo target, measured
+after another row's cells were freed before it): with streams of their own a row's logits
+are the same alone and beside any other rows (difference 0 measured). Their costs: a
+forward whose rows bring different numbers of tokens is decoded by llama.cpp in several
+passes (each pass an equal number per row), and a kept prefix moves between slots by
+copying the source's whole stream.
 
-Numerics: llama.cpp's kernels may round a row differently by batch shape (tokens per
-row, rows per batch), as torch's do; tests/unit/engine/llamacpp/ measure where outputs
-part and show each parting a near tie.
+Numerics: llama.cpp's kernels that compute a forward of several tokens differently from
+one of one token are turned off (`_init`), so a token's logits do not depend on the
+forward's shape either; tests/unit/engine/llamacpp/ measure where outputs part and show
+each parting a near tie.
 
 Imports llama_cpp (the `llama-cpp-python` package, the `llamacpp` extra): import this
 module only where a GGUF model is loaded.
@@ -148,16 +154,22 @@ class LlamaCppModel:
 class LlamaCppCache(BackendCache):
     """`slots` sequences of up to `capacity` tokens in one llama_context (seq id = slot)."""
 
-    def __init__(self, model: LlamaCppModel, slots: int, capacity: int, pad: int = 0) -> None:
+    def __init__(
+        self, model: LlamaCppModel, slots: int, capacity: int, pad: int = 0,
+        unified: bool = False,
+    ) -> None:  # fmt: skip
+        """unified: one pool of cells for all sequences (llama.cpp's kv_unified) instead of
+        a stream each; its rows' logits depend on where their cells land (module doc)."""
         super().__init__(slots, capacity, pad)
         self.model = model  # keeps the weights alive as long as the context
         params = lc.llama_context_default_params()
         n_batch = model.n_batch
-        params.n_ctx = slots * capacity + n_batch  # room for every slot, and slack
+        stream = -(-capacity // 256) * 256  # cells per sequence (llama.cpp pads to 256)
+        params.n_ctx = slots * stream  # split evenly into the sequences' streams
         params.n_batch = params.n_ubatch = n_batch
         params.n_seq_max = slots
         params.n_threads = params.n_threads_batch = model.threads
-        params.kv_unified = True
+        params.kv_unified = unified
         params.type_k = params.type_v = KV_TYPES[model.kv_type]
         params.no_perf = True
         ctx = lc.llama_init_from_model(model.handle, params)
@@ -172,14 +184,16 @@ class LlamaCppCache(BackendCache):
         self.decodes = 0  # llama_decode calls
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        """Sequence src's positions 0..n-1 into sequence dst, which drops what it held (the
-        unified buffer shares the cells: no data is copied)."""
+        """Sequence src's positions 0..n-1 into sequence dst, which drops what it held.
+        Between streams llama.cpp copies a whole stream (the data moves at the next
+        decode); dst then drops the positions from n on."""
         if n <= 0 or src == dst:
             return
         if n > self.held[src]:
             raise ValueError(f"slot {src} holds {self.held[src]} positions, not {n}")
         lc.llama_memory_seq_rm(self._mem, dst, -1, -1)
-        lc.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+        lc.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        lc.llama_memory_seq_rm(self._mem, dst, n, -1)
         self.held[dst] = n
 
     def forward(
