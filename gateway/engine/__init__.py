@@ -3,8 +3,12 @@
 Leaf package: torch + transformers only (no tenants, HTTP, database or YAML).
 """
 
+from gateway.engine.backends.loading import load as load_backend
 from gateway.engine.batch.costs import ForwardCosts
+from gateway.engine.batch.scheduler import Batch, Event, Row
+from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
 from gateway.engine.constraints import Grammar, TokenSequencesGrammar
+from gateway.engine.detok import IncrementalDetokenizer
 from gateway.engine.engine import Engine, StepCost
 from gateway.engine.errors import (
     EmptyPrompt,
@@ -20,11 +24,14 @@ from gateway.engine.models import (
     LoadedModel,
     check_pair,
     crop_cache,
+    default_device,
     init_torch_thread,
     load_model,
+    serving_threads,
     wrap_model,
 )
 from gateway.engine.proposers import Proposal, Proposer
+from gateway.engine.proposers.suffix import SuffixIndex
 from gateway.engine.schema import (
     DecodeRequest,
     DecodeResult,
@@ -36,6 +43,9 @@ from gateway.engine.schema import (
 from gateway.engine.stats import DecodeStats
 
 __all__ = [
+    "PREFILL_BUDGET",
+    "PREFILL_CHUNK",
+    "Batch",
     "DecodeRequest",
     "DecodeResult",
     "DecodeStats",
@@ -43,25 +53,32 @@ __all__ = [
     "EmptyPrompt",
     "Engine",
     "EngineError",
+    "Event",
     "Finished",
     "ForwardCosts",
     "Grammar",
     "GrammarDeadEnd",
+    "IncrementalDetokenizer",
     "InvalidRequest",
     "KPrior",
     "LoadedModel",
     "PromptTooLong",
     "Proposal",
     "Proposer",
+    "Row",
     "SamplingParams",
     "StepCost",
+    "SuffixIndex",
     "TokenLogprob",
     "TokenSequencesGrammar",
     "UnsupportedModel",
     "VocabularyMismatch",
     "check_pair",
     "crop_cache",
+    "default_device",
     "init_torch_thread",
+    "load_backend",
     "load_model",
+    "serving_threads",
     "wrap_model",
 ]

@@ -13,8 +13,7 @@ from typing import TypeVar
 from gateway.database import AuditWriter, Database
 from gateway.database.audit.witness import Witness
 from gateway.database.base import Timeouts
-from gateway.engine import init_torch_thread
-from gateway.engine.models import default_device, serving_threads
+from gateway.engine import default_device, init_torch_thread, serving_threads
 from gateway.serving.admin import AdminService
 from gateway.serving.auth import Authenticator, bootstrap_admin_hash
 from gateway.serving.checkpoint_s3 import S3LockOptions, S3LockSink

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.engine import SamplingParams
-from gateway.engine.constraints.tool_calls import ToolSpec
+from gateway.engine.constraints import ToolSpec
 
 __all__ = [
     "DecodingOverride",

@@ -30,7 +30,7 @@ from gateway.engine import (
     Grammar,
     KPrior,
 )
-from gateway.engine.constraints.json_schema import ConstraintError
+from gateway.engine.constraints import ConstraintError
 from gateway.serving.audit_map import (
     ServedRequest,
     admission_record,

@@ -28,17 +28,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from gateway.engine import Engine, Grammar
-from gateway.engine.constraints.json_schema import (
+from gateway.engine.constraints import (
     CompiledGrammar,
     ConstraintError,
-    compile_json_grammar,
-)
-from gateway.engine.constraints.objects import named_properties_only
-from gateway.engine.constraints.tool_calls import (
     ToolError,
     ToolMode,
     check_tools,
+    compile_json_grammar,
     compile_tool_grammar,
+    named_properties_only,
 )
 from gateway.limits import DEFAULT_MAX_TOKENS
 from gateway.serving.commands import Generate

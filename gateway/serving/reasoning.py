@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.engine import Grammar
-from gateway.engine.constraints.reasoning import Channels, ChannelsFirst, Markers, ThinkingFirst
+from gateway.engine.constraints import Channels, ChannelsFirst, Markers, ThinkingFirst
 from gateway.serving.tool_output import held_back
 
 START, END = "<think>", "</think>"

@@ -23,8 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from gateway.engine import DecodeResult, Delta
-from gateway.engine.detok import IncrementalDetokenizer
+from gateway.engine import DecodeResult, Delta, IncrementalDetokenizer
 
 
 class ShownText:

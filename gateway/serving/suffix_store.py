@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 
-from gateway.engine.proposers.suffix import SuffixIndex
+from gateway.engine import SuffixIndex
 
 DEFAULT_BUDGET_TOKENS = 65_536
 """Tokens a tenant's index keeps per target (prompts and outputs, oldest evicted first);

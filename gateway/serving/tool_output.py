@@ -33,8 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.engine.constraints.json_schema import ConstraintError, validate_output
-from gateway.engine.constraints.tool_formats import FORMATS, HERMES, ToolFormat
+from gateway.engine.constraints import FORMATS, HERMES, ConstraintError, ToolFormat, validate_output
 from gateway.serving.errors import invalid
 
 Event = tuple[str, int, str] | tuple[str, str]
