@@ -6,23 +6,17 @@ a negative control that shows the check catches the old behaviour.
 - long stop strings: refused past MAX_STOP_CHARS, and at the limit a step costs what a
   step without stops costs (the old tail check was quadratic: tests/unit/engine);
 - prediction.content in many parts: capped by its joined size;
-- huge prompts: refused before templating past MAX_PROMPT_CHARS; below it templated and
-  tokenized off the event loop (/health stays responsive); /tokenize needs a tenant key and
-  counts against its request rate;
 - a body over the size limit is a 413, JSON nested too deep a 400, in OpenAI's error shape.
 
-The latency probe (`_probe_during`) is the same for the real server and for the controls,
-which run the old code path on an event loop of their own and show the probe sees it block.
+Huge prompts and /tokenize: test_bounded_prompts.py. The server and the latency probe
+(`probe_during`): bounded.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
-import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,101 +27,26 @@ import pytest
 
 from gateway.http.schemas import MAX_STOP_CHARS, ChatCompletionRequest
 from gateway.limits import MAX_PREDICTION_CHARS, MAX_STOP
-from gateway.serving.prepare import MAX_PROMPT_CHARS
-from tests.integration.service.harness import ADMIN, MODEL
-from tests.integration.service.process import start_gateway
+from tests.integration.hostile.bounded import (
+    ANSWER_S,
+    HEALTH_P99_S,
+    MAX_BODY_BYTES,
+    Server,
+    error_of,
+    health_probe,
+    loop_probe,
+    probe_during,
+    serve,
+)
+from tests.integration.service.harness import MODEL
 
 LETTERS = 40  # the issue's pattern with a{40}: about 2**40 steps for Python's re
 EVIL = r"^(?:(a|a)*[^\s\S]|a{%d})$"
-HEALTH_P99_S = 0.100
-ANSWER_S = 1.0
-MAX_BODY_BYTES = 2_000_000  # the server's GATEWAY_MAX_BODY_BYTES here
-
-
-@dataclass
-class Server:
-    url: str
-    key: str
-    proc: subprocess.Popen[bytes]
-
-    @property
-    def auth(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.key}"}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    var = tmp_path_factory.mktemp("hostile")
-    proc, url, key = start_gateway(
-        tiny_manifest, var, measure_costs="false", max_body_bytes=str(MAX_BODY_BYTES)
-    )
-    yield Server(url, key, proc)
-    proc.terminate()
-    proc.wait(timeout=60)
-
-
-def _error(r: httpx.Response, status: int) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"], err
-    return err  # type: ignore[no-any-return]
-
-
-# -- the probe ----------------------------------------------------------------------------
-
-
-@dataclass
-class Probe:
-    latencies: list[float]
-    attack_s: float
-    attack_result: Any
-
-    @property
-    def p99(self) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-
-
-async def _probe_during(
-    attack: Callable[[], Awaitable[Any]], probe: Callable[[], Awaitable[Any]]
-) -> Probe:
-    """Run `attack` while calling `probe` every 10 ms; the probe's latencies, the attack's
-    seconds and result. A latency counts from when the probe was due, so a probe that
-    cannot even start while the attack blocks its loop records the block."""
-    latencies: list[float] = []
-    done = asyncio.Event()
-
-    async def poll() -> None:
-        while not done.is_set():
-            due = time.perf_counter() + 0.01
-            await asyncio.sleep(0.01)
-            await probe()
-            latencies.append(time.perf_counter() - due)
-
-    poller = asyncio.create_task(poll())
-    await asyncio.sleep(0.05)  # the probe runs before the attack starts
-    t0 = time.perf_counter()
-    try:
-        result = await attack()
-    finally:
-        attack_s = time.perf_counter() - t0
-        await asyncio.sleep(0.05)
-        done.set()
-        await poller
-    return Probe(latencies, attack_s, result)
-
-
-def _health_probe(client: httpx.AsyncClient, url: str) -> Callable[[], Awaitable[Any]]:
-    async def probe() -> None:
-        r = await client.get(f"{url}/health")
-        assert r.status_code == 200
-
-    return probe
-
-
-async def _loop_probe() -> None:
-    """What /health needs of an in-process server: one turn of its event loop."""
-    await asyncio.sleep(0)
+    yield from serve(tiny_manifest, tmp_path_factory)
 
 
 def _evil_schema(letters: int) -> dict[str, Any]:
@@ -173,8 +92,8 @@ async def test_pattern_attack_keeps_health_responsive(server: Server) -> None:
 
         await attack()  # warm: the grammar compiled and cached, jsonschema imported
         await control()
-        baseline = await _probe_during(control, _health_probe(client, server.url))
-        probe = await _probe_during(attack, _health_probe(client, server.url))
+        baseline = await probe_during(control, health_probe(client, server.url))
+        probe = await probe_during(attack, health_probe(client, server.url))
     print(
         f"pattern a{{{LETTERS}}}: answered in {probe.attack_s:.3f} s (the same output under "
         f"^a{{{LETTERS}}}$: {baseline.attack_s:.3f} s), /health p99 {probe.p99 * 1000:.1f} ms "
@@ -203,7 +122,7 @@ async def test_pattern_attack_streamed_keeps_health_responsive(server: Server) -
                 return "".join([line async for line in r.aiter_lines()])
 
         await attack()
-        probe = await _probe_during(attack, _health_probe(client, server.url))
+        probe = await probe_during(attack, health_probe(client, server.url))
     assert "[DONE]" in probe.attack_result and '"error"' not in probe.attack_result
     assert probe.p99 < HEALTH_P99_S, (probe.p99, probe.latencies)
 
@@ -219,7 +138,7 @@ async def test_negative_control_backtracking_validation_blocks_the_probe() -> No
     async def old_validation() -> None:
         jsonschema.Draft202012Validator(schema).is_valid(doc)  # blocks the loop
 
-    probe = await _probe_during(old_validation, _loop_probe)
+    probe = await probe_during(old_validation, loop_probe)
     assert re.search(EVIL % letters, "a" * letters)  # the same pattern, the same answer
     assert probe.p99 >= HEALTH_P99_S, probe.latencies
 
@@ -231,7 +150,7 @@ async def test_patterns_re2_cannot_run_or_too_long_are_refused(server: Server) -
             r = await client.post(
                 f"{server.url}/v1/chat/completions", json=_schema_body(schema), headers=server.auth
             )
-            assert _error(r, 400)["param"] == "response_format", pattern
+            assert error_of(r, 400)["param"] == "response_format", pattern
 
 
 # -- 2. stop strings ----------------------------------------------------------------------
@@ -247,12 +166,12 @@ def test_stop_strings_over_the_limit_are_refused(server: Server) -> None:
     body = {"model": MODEL, "prompt": "x", "max_tokens": 4}
     long = "s" * (MAX_STOP_CHARS + 1)
     r = httpx.post(f"{server.url}/v1/completions", json={**body, "stop": long}, headers=server.auth)
-    assert _error(r, 400)["param"] == "stop"
+    assert error_of(r, 400)["param"] == "stop"
     stops = ["a", "b", long]
     r = httpx.post(
         f"{server.url}/v1/completions", json={**body, "stop": stops}, headers=server.auth
     )
-    assert _error(r, 400)["param"] == "stop[2]"
+    assert error_of(r, 400)["param"] == "stop[2]"
 
 
 def test_stop_strings_at_the_limit_cost_no_more_per_step(server: Server) -> None:
@@ -318,134 +237,13 @@ def test_prediction_is_capped_by_its_joined_size(server: Server) -> None:
         "prediction": {"type": "content", "content": parts},
     }  # fmt: skip
     r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=server.auth)
-    assert _error(r, 400)["param"] == "prediction"
+    assert error_of(r, 400)["param"] == "prediction"
     # negative control: the schema alone lets it through (each part and the part count are
     # under their caps), which is what was served before
     msgspec.json.decode(msgspec.json.encode(body), type=ChatCompletionRequest)
     body["prediction"]["content"] = parts[:1]
     r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=server.auth)
     assert r.status_code == 200, r.text
-
-
-# -- 4. templating and tokenizing ---------------------------------------------------------
-
-
-def test_prompt_over_the_raw_size_limit_is_refused_before_templating(server: Server) -> None:
-    half = MAX_PROMPT_CHARS // 2 + 1
-    messages = [{"role": "user", "content": "x" * half}, {"role": "user", "content": "y" * half}]
-    body = {"model": MODEL, "messages": messages, "max_tokens": 1}
-    t0 = time.perf_counter()
-    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=server.auth)
-    assert _error(r, 400)["param"] == "messages"
-    assert time.perf_counter() - t0 < 1.0
-
-
-def _tokenizer(manifest: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(manifest.parent / "tiny-target-v1")
-
-
-def test_prompt_that_cannot_fit_is_refused_before_tokenizing(
-    server: Server, tiny_manifest: Path
-) -> None:
-    """A prompt under the raw limit but with more characters than the context could hold
-    is refused without running the tokenizer. Negative control: tokenizing it (what the
-    old prepare did first, on the event loop) takes longer than the answer may."""
-    prompt = "hello world, " * 70_000  # 910,000 characters
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
-    t0 = time.perf_counter()
-    r = httpx.post(f"{server.url}/v1/completions", json=body, headers=server.auth, timeout=30)
-    answer_s = time.perf_counter() - t0
-    err = _error(r, 400)
-    assert err["param"] == "prompt" and err["code"] == "context_length_exceeded", err
-    t0 = time.perf_counter()
-    _tokenizer(tiny_manifest).encode(prompt, add_special_tokens=False)
-    old_s = time.perf_counter() - t0
-    print(f"a {len(prompt)}-character prompt: refused in {answer_s:.3f} s; tokenizing it "
-          f"takes {old_s:.3f} s")  # fmt: skip
-    assert answer_s < 0.5 < old_s, (answer_s, old_s)
-
-
-async def test_tokenize_runs_off_the_event_loop(server: Server, tiny_manifest: Path) -> None:
-    """/tokenize of a quarter of the largest prompt allowed (about 200,000 tokens, most of
-    a second of tokenizing here): /health stays responsive meanwhile. (The tokenizers
-    library still holds the GIL while it hands the ids to Python, about 0.1 ms per 1,000
-    tokens on this machine: the whole 1 MiB costs the loop up to 70-150 ms at once.)"""
-    prompt = "hello world, " * (MAX_PROMPT_CHARS // 4 // 13)
-    async with httpx.AsyncClient(timeout=60) as client:
-
-        async def attack() -> httpx.Response:
-            return await client.post(
-                f"{server.url}/tokenize", json={"model": MODEL, "prompt": prompt},
-                headers=server.auth,
-            )  # fmt: skip
-
-        probe = await _probe_during(attack, _health_probe(client, server.url))
-    assert probe.attack_result.status_code == 200, probe.attack_result.text
-    print(f"/tokenize of {len(prompt)} characters: {probe.attack_s:.3f} s, /health p99 "
-          f"{probe.p99 * 1000:.1f} ms over {len(probe.latencies)} probes")  # fmt: skip
-    assert probe.p99 < HEALTH_P99_S, (probe.p99, probe.latencies)
-
-
-async def test_negative_control_tokenizing_on_the_loop_blocks_the_probe(
-    tiny_manifest: Path,
-) -> None:
-    """The old /tokenize and prepare tokenized on the event loop: the same probe sees it."""
-    tok = _tokenizer(tiny_manifest)
-    prompt = "hello world, " * 20_000
-
-    async def on_the_loop() -> None:
-        tok.encode(prompt, add_special_tokens=False)
-
-    probe = await _probe_during(on_the_loop, _loop_probe)
-    assert probe.p99 >= HEALTH_P99_S, probe.latencies
-
-
-def test_tokenize_needs_a_tenant_key_and_is_metered(server: Server) -> None:
-    tenant = "tokenize-metered"
-    httpx.post(f"{server.url}/admin/tenants", json={"id": tenant, "name": "T"}, headers=ADMIN)
-    doc = {"rate_limits": {"requests_per_minute": 2}}
-    r = httpx.put(f"{server.url}/admin/policies/tenants/{tenant}", json=doc, headers=ADMIN)
-    assert r.status_code == 200, r.text
-    key = httpx.post(
-        f"{server.url}/admin/tenants/{tenant}/keys", json={"role": "tenant"}, headers=ADMIN
-    ).json()["key"]
-    body = {"model": MODEL, "prompt": "def add"}
-    r = httpx.post(f"{server.url}/tokenize", json=body, headers=ADMIN)
-    assert _error(r, 403)["code"] == "forbidden"  # was 200: any key, unmetered
-    h = {"authorization": f"Bearer {key}"}
-    codes = [httpx.post(f"{server.url}/tokenize", json=body, headers=h) for _ in range(3)]
-    assert [c.status_code for c in codes] == [200, 200, 429], [c.text for c in codes]
-    assert codes[2].headers["retry-after"]
-    # the same window as generations: the tenant's next completion is refused too
-    r = httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 1}, headers=h)
-    _error(r, 429)
-
-
-def test_a_tenant_over_its_request_rate_is_refused_before_tokenizing(server: Server) -> None:
-    """Once an admission filled the tenant's request window, its next request is a 429
-    before its prompt is looked at: a prompt the tokenizing step would refuse (a token id
-    outside the vocabulary) gets the 429, not that 400. Negative control: another tenant,
-    and this one before its window filled, get the 400 (the old order: tokenize, then the
-    rate limit)."""
-    tenant = "over-rate"
-    httpx.post(f"{server.url}/admin/tenants", json={"id": tenant, "name": "O"}, headers=ADMIN)
-    doc = {"rate_limits": {"requests_per_minute": 2}}
-    r = httpx.put(f"{server.url}/admin/policies/tenants/{tenant}", json=doc, headers=ADMIN)
-    assert r.status_code == 200, r.text
-    key = httpx.post(
-        f"{server.url}/admin/tenants/{tenant}/keys", json={"role": "tenant"}, headers=ADMIN
-    ).json()["key"]
-    h = {"authorization": f"Bearer {key}"}
-    url = f"{server.url}/v1/completions"
-    bad = {"model": MODEL, "prompt": [10**6], "max_tokens": 1}  # not a token id
-    assert _error(httpx.post(url, json=bad, headers=h), 400)["param"] == "prompt"
-    good = {"model": MODEL, "prompt": "x", "max_tokens": 1}
-    assert [httpx.post(url, json=good, headers=h).status_code for _ in range(2)] == [200, 200]
-    r = httpx.post(url, json=bad, headers=h)
-    assert _error(r, 429)["code"] == "rate_limit_exceeded" and r.headers["retry-after"]
-    assert _error(httpx.post(url, json=bad, headers=server.auth), 400)["param"] == "prompt"
 
 
 # -- 5. body size and JSON depth ----------------------------------------------------------
@@ -455,7 +253,7 @@ def test_a_tenant_over_its_request_rate_is_refused_before_tokenizing(server: Ser
 def test_body_over_the_size_limit_is_413(server: Server, path: str) -> None:
     body = b'{"model": "%s", "prompt": "%s"}' % (MODEL.encode(), b"x" * MAX_BODY_BYTES)
     r = httpx.post(f"{server.url}{path}", content=body, headers=server.auth, timeout=30)
-    err = _error(r, 413)
+    err = error_of(r, 413)
     assert err["type"] == "invalid_request_error" and err["code"] == "request_too_large", err
 
 
@@ -471,7 +269,7 @@ def test_body_over_the_size_limit_without_content_length_is_413(server: Server) 
     r = httpx.post(
         f"{server.url}/v1/completions", content=chunks(), headers=server.auth, timeout=30
     )
-    _error(r, 413)
+    error_of(r, 413)
 
 
 @pytest.mark.parametrize("depth", [2_000, 200_000])
@@ -485,7 +283,7 @@ def test_json_nested_too_deep_is_400(server: Server, depth: int) -> None:
     r = httpx.post(
         f"{server.url}/v1/chat/completions", content=body, headers=server.auth, timeout=30
     )
-    err = _error(r, 400)
+    err = error_of(r, 400)
     assert "deep" in err["message"], err
 
 
