@@ -26,7 +26,8 @@ the greedy choice: every request decodes exactly its max_tokens, and every id pr
 means a string.
 
 Per model and dtype (fp32, bf16), each part in a process of its own (never two models in
-memory at once):
+memory at once; the models: _realistic_models.py, the measuring children:
+_realistic_children.py):
 
 1. a first start and a restart through the gateway's own start path (serving ModelPool
    from a manifest: sha256 of the shards, load_model with its family check, linear-form
@@ -49,7 +50,6 @@ parts are fitted against the parameter count and extrapolated to a 7B (Qwen2.5-7
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -59,344 +59,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks._realistic_children import ROWS, gateway_child, hf_child, torch_threads
+from benchmarks._realistic_models import (
+    CONTEXT,
+    DEMO,
+    DRAFT_LAYERS,
+    LATER,
+    RECIPE,
+    ROOT,
+    build,
+)
+
 CACHE = ROOT / "var" / "bench-realistic"
-DEMO = ROOT / "models_registry" / "demo" / "demo-code-target-v1"
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "heldout.jsonl"
-RECIPE = 1  # bump when the weights' recipe changes: cached models are rebuilt
-VOCAB = 151936
-CONTEXT = 2048
-DRAFT_LAYERS = 2
-LATER = 0.08  # the later layers' share of the residual stream, against the draft's layers
-ROWS = 8  # the batch's rows (GATEWAY_MAX_BATCH's default)
-QWEN2_5 = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
-SHAPES: dict[str, dict[str, int]] = {
-    "qwen2.5-0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-                     "num_key_value_heads": 2, "intermediate_size": 4864},
-    "qwen2.5-1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
-                     "num_key_value_heads": 2, "intermediate_size": 8960},
-    "qwen2-tiny": {"hidden_size": 256, "num_hidden_layers": 6, "num_attention_heads": 4,
-                   "num_key_value_heads": 2, "intermediate_size": 1024},
-}  # fmt: skip
-TINY_VOCAB = 8192  # the tiny shape's vocabulary (the unit test's)
-
-
-# -- building the models (a process of its own) -------------------------------------------
-
-
-def _config(shape: str, layers: int | None = None) -> Any:
-    from transformers import Qwen2Config
-
-    dims = dict(SHAPES[shape])
-    if layers is not None:
-        dims["num_hidden_layers"] = layers
-    return Qwen2Config(
-        vocab_size=TINY_VOCAB if shape == "qwen2-tiny" else VOCAB,
-        max_position_embeddings=CONTEXT, tie_word_embeddings=True, use_sliding_window=False,
-        bos_token_id=0, eos_token_id=0, **dims, **QWEN2_5,
-    )  # fmt: skip
-
-
-def init_weights(model: Any, usable: int, draft_layers: int, seed: int = 0) -> None:
-    """The recipe of the module's docstring, in place: embeddings N(0, 0.02) with the rows
-    of ids >= `usable` and of the tokenizer's special ids (0, 1, 2) zero; every projection
-    N(0, 1/fan_in) (output projections of the layers past `draft_layers` scaled so their sum
-    is about LATER of the first layers'); biases 0, norms 1."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    layers = int(model.config.num_hidden_layers)
-    later = LATER * math.sqrt(draft_layers / max(1, layers - draft_layers))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            elif "embed_tokens" in name:
-                p.normal_(0.0, 0.02, generator=g)
-                p[usable:] = 0
-                p[:3] = 0
-            else:
-                std = 1.0 / math.sqrt(p.shape[1])
-                layer = int(name.split("layers.")[1].split(".")[0])
-                if name.endswith(("o_proj.weight", "down_proj.weight")) and layer >= draft_layers:
-                    std *= later
-                p.normal_(0.0, std, generator=g)
-
-
-def build(shape: str, folder: Path) -> dict[str, Any]:
-    """Target and draft of `shape` in `folder` (target/, draft/, manifest.yaml), bf16 on
-    disk; reused when `folder/built.json` says the same recipe built them."""
-    import torch
-    import yaml
-    from transformers import Qwen2ForCausalLM
-
-    from models_registry.weights import sha256_files, weight_files
-
-    done = folder / "built.json"
-    if done.exists():
-        info = json.loads(done.read_text())
-        if info.get("recipe") == RECIPE:
-            return {**info, "reused": True}
-    shutil.rmtree(folder, ignore_errors=True)
-    t0 = time.perf_counter()
-    torch.set_default_dtype(torch.bfloat16)
-    model = Qwen2ForCausalLM(_config(shape))
-    torch.set_default_dtype(torch.float32)
-    usable = min(_tokenizer_size(), model.config.vocab_size)
-    init_weights(model, usable, DRAFT_LAYERS)
-    params = sum(p.numel() for p in model.parameters())
-    made = time.perf_counter() - t0
-    entries = []
-    for role, m in (("target", model), ("draft", None)):
-        if m is None:  # the draft: the target's first layers, its norm and head
-            model.model.layers = model.model.layers[:DRAFT_LAYERS]
-            model.config.num_hidden_layers = DRAFT_LAYERS
-            model.config.layer_types = model.config.layer_types[:DRAFT_LAYERS]
-            m = model
-        out = folder / role
-        m.save_pretrained(out)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(DEMO / name, out / name)
-        files = weight_files(out)
-        entries.append({
-            "name": f"realistic-{shape}" + ("-draft" if role == "draft" else ""),
-            "version": "1", "role": role, "path": role,
-            "sha256": sha256_files(files), "architecture": "Qwen2ForCausalLM",
-            **({"target": f"realistic-{shape}"} if role == "draft" else {}),
-        })  # fmt: skip
-    (folder / "manifest.yaml").write_text(yaml.safe_dump({"models": entries}, sort_keys=False))
-    info = {
-        "recipe": RECIPE, "shape": shape, "parameters": params,
-        "draft_parameters": sum(p.numel() for p in model.parameters()),
-        "disk_bytes": {r: sum(f.stat().st_size for f in weight_files(folder / r))
-                       for r in ("target", "draft")},
-        "build_s": round(time.perf_counter() - t0, 1), "init_s": round(made, 1),
-    }  # fmt: skip
-    done.write_text(json.dumps(info))
-    return {**info, "reused": False}
-
-
-def _tokenizer_size() -> int:
-    return len(json.loads((DEMO / "tokenizer.json").read_text())["model"]["vocab"])
-
-
-# -- the gateway's start path and the engine's batch (a process of its own) ---------------
-
-
-def _rss() -> dict[str, int]:
-    """Resident and peak resident bytes of this process (/proc/self/status)."""
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out["rss" if key == "VmRSS" else "peak"] = int(value.split()[0]) * 1024
-    return out
-
-
-def _instrument(parts: dict[str, float]) -> None:
-    """Time (accumulated into `parts`) each piece of work a start does."""
-    import transformers
-
-    import gateway.engine.models as em
-    import gateway.serving.models as sm
-    import gateway.speed.attach as sa
-    from gateway.speed.lean import LeanDecoder
-
-    def wrap(owner: Any, name: str, label: str, static: bool = False) -> None:
-        inner = getattr(owner, name)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                parts[label] = parts.get(label, 0.0) + time.perf_counter() - t0
-
-        setattr(owner, name, staticmethod(timed) if static else timed)
-
-    wrap(sm, "verify_sha256", "sha256")
-    wrap(sm, "load_fast", "load_model")
-    wrap(sm, "check_pair", "check_pair")
-    wrap(sm.ModelPool, "_probe", "cost_probe")
-    wrap(em, "check_servable", "family_check")
-    wrap(sa, "weight_major_pays", "linear_verdict")
-    wrap(sa, "unchecked_decoder", "lean_decoder")
-    wrap(LeanDecoder, "checked", "lean_parity_check")
-    wrap(transformers.AutoModelForCausalLM, "from_pretrained", "from_pretrained", static=True)
-    wrap(transformers.AutoTokenizer, "from_pretrained", "tokenizer", static=True)
-
-
-def _decode(
-    engine: Any, batch: Any, prompts: list[tuple[int, ...]], spec: bool, draft: Any,
-    clients: int, new_tokens: int,
-) -> dict[str, Any]:  # fmt: skip
-    """`clients` requests at a time in the batch until every prompt is served."""
-    from gateway.engine import DecodeRequest, Finished, SamplingParams
-
-    sp = SamplingParams(temperature=0.0, max_tokens=new_tokens)
-    kw: dict[str, Any] = {"mode": "speculative", "proposer": "draft"} if spec else {}
-    outputs: list[list[int]] = [[] for _ in prompts]
-    drafted = accepted = 0
-    t0 = time.perf_counter()
-    for start in range(0, len(prompts), clients):
-        index = {}
-        for i in range(start, min(len(prompts), start + clients)):
-            req = DecodeRequest(prompts[i], sp, **kw)
-            index[id(batch.add(engine.prepare(req, draft if spec else None)))] = i
-        while batch.rows:
-            for row, events in batch.step():
-                for e in events:
-                    if isinstance(e, Exception):
-                        raise e
-                    if isinstance(e, Finished):
-                        outputs[index[id(row)]] = list(e.result.token_ids)
-                        drafted += e.result.stats.drafted
-                        accepted += e.result.stats.accepted
-    wall = time.perf_counter() - t0
-    tokens = sum(len(o) for o in outputs)
-    return {
-        "tokens": tokens, "seconds": round(wall, 2), "tokens_per_s": round(tokens / wall, 2),
-        "acceptance": round(accepted / drafted, 3) if drafted else None, "outputs": outputs,
-    }  # fmt: skip
-
-
-def _gateway_child(args: dict[str, Any]) -> dict[str, Any]:
-    """One start (and with args["decode"], the measurements on it); prints its JSON."""
-    t_start = time.perf_counter()
-    import asyncio
-
-    import torch
-
-    from gateway.serving.models import ModelPool, PoolOptions
-    from gateway.serving.worker import batch_rows
-    from gateway.speed import keep_verdicts
-
-    imports = time.perf_counter() - t_start
-    _set_threads()
-    rss_imports = _rss()["rss"]
-    folder, var = Path(args["folder"]), Path(args["var"])
-    cpu_linear = args["cpu_linear"]
-    keep_verdicts(var / "linear-verdicts.json" if cpu_linear is None else None)  # as the gateway
-    parts: dict[str, float] = {}
-    _instrument(parts)
-
-    async def runner(fn: Any) -> Any:
-        return fn()
-
-    async def start() -> tuple[Any, dict[str, Any]]:
-        options = PoolOptions(
-            device="cpu", dtype=args["dtype"], probe_rows=ROWS, cpu_linear=cpu_linear,
-            compile_rows=lambda ctx: batch_rows(ROWS, None, ctx),
-        )  # fmt: skip
-        pool = ModelPool.from_manifest(str(folder / "manifest.yaml"), runner, options)
-        t0 = time.perf_counter()
-        await pool.load_targets()
-        ready = time.perf_counter() - t0
-        target_parts, rss_ready = dict(parts), _rss()
-        parts.clear()
-        name = pool.target_names()[0]
-        t0 = time.perf_counter()
-        await pool.draft(name, "1")
-        draft_s = time.perf_counter() - t0
-        out = {
-            "imports_s": round(imports, 2), "ready_s": round(ready, 2), "rss_imports": rss_imports,
-            "ready_from_process_start_s": round(imports + ready, 2),
-            "target_parts_s": {k: round(v, 2) for k, v in target_parts.items()},
-            "draft_first_use_s": round(draft_s, 2),
-            "draft_parts_s": {k: round(v, 2) for k, v in parts.items()},
-            "rss_ready": rss_ready, "rss_draft_loaded": _rss(),
-        }  # fmt: skip
-        return pool, out
-
-    pool, out = asyncio.run(start())
-    if not args.get("decode"):
-        return out
-    name = pool.target_names()[0]
-    _, engine = asyncio.run(pool.target(name))
-    draft = pool.loaded_draft_models(name)["1"]
-    weights = {id(p): p.numel() * p.element_size() for m in (engine.target, draft)
-               for p in m.model.parameters()}  # fmt: skip
-    out.update(weight_bytes=sum(weights.values()), linear_form=_linear_form(engine.target))
-    prompts = [tuple(p) for p in args["prompts"]]
-    batch = engine.batch(ROWS)
-    with torch.inference_mode():
-        for spec in (False, True):  # warm-up: the batch's and the draft's KV slots
-            _decode(engine, batch, prompts[:1], spec, draft, 1, 4)
-    kv = sum(b.nbytes for c in [batch.cache, *(d.cache for d in batch.drafts.values())]
-             for bufs in c.buffers() for b in bufs)  # fmt: skip
-    out.update(kv_bytes=kv, rss_kv_allocated=_rss())
-    runs: dict[str, Any] = {}
-    for clients in args["clients"]:
-        work = prompts[: args["one_client"]] if clients == 1 else prompts[:clients]
-        for spec in (False, True):
-            name = f"{'speculative' if spec else 'standard'}_{clients}"
-            runs[name] = _decode(engine, batch, work, spec, draft, clients, args["new_tokens"])
-            print(f"      {name}: {runs[name]['tokens_per_s']} tokens/s", file=sys.stderr,
-                  flush=True)  # fmt: skip
-    out.update(runs=runs, rss_end=_rss(), load_average=os.getloadavg())
-    return out
-
-
-def _linear_form(model: Any) -> str:
-    from gateway.speed.cpu_linear import uses_weight_major
-
-    if model.dtype != __import__("torch").float32:
-        return "torch (not fp32)"
-    return "weight-major" if uses_weight_major(model.model) else "torch"
-
-
-# -- Hugging Face generate (a process of its own) ------------------------------------------
-
-
-def _hf_child(args: dict[str, Any]) -> dict[str, Any]:
-    """The target as transformers loads it; greedy generate one prompt at a time, then a
-    left-padded batch of the 8 clients' prompts."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    _set_threads()
-    path = Path(args["folder"]) / "target"
-    t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=args["dtype"])
-    load = time.perf_counter() - t0
-    model.eval()
-    n = args["new_tokens"]
-
-    def generate(batch: list[list[int]], tokens: int) -> list[list[int]]:
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])  # left-padded
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=tokens,
-                min_new_tokens=tokens, do_sample=False, pad_token_id=0,
-            )  # fmt: skip
-        return [row[width:].tolist() for row in out]
-
-    prompts = args["prompts"]
-    generate(prompts[:1], 4)  # warm-up
-    out: dict[str, Any] = {"load_s": round(load, 2), "runs": {}}
-    for clients in args["clients"]:
-        work = prompts[: args["one_client"]] if clients == 1 else prompts[:clients]
-        t0 = time.perf_counter()
-        outputs = [
-            o for i in range(0, len(work), clients) for o in generate(work[i : i + clients], n)
-        ]
-        wall = time.perf_counter() - t0
-        tokens = sum(len(o) for o in outputs)
-        out["runs"][f"generate_{clients}"] = {
-            "tokens": tokens, "seconds": round(wall, 2), "tokens_per_s": round(tokens / wall, 2),
-            "outputs": outputs,
-        }  # fmt: skip
-        print(f"      HF generate_{clients}: {tokens / wall:.2f} tokens/s", file=sys.stderr,
-              flush=True)  # fmt: skip
-    out.update(rss_end=_rss(), load_average=os.getloadavg())
-    return out
-
-
-# -- the parent: plan, run the children, summarise ------------------------------------------
 
 
 def _child(kind: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -475,7 +150,7 @@ def run(out_dir: Path, quick: bool = False, plan: dict[str, Any] | None = None) 
             **common, "context": CONTEXT, "batch_rows": ROWS, "draft_layers": DRAFT_LAYERS,
             "later_layers_share": LATER, "prompts": str(PROMPTS.relative_to(ROOT)),
             "weights_on_disk": "bf16 safetensors", "tokenizer": "demo byte-level BPE, 8192",
-            "torch_threads": _threads(), "machine": _machine(),
+            "torch_threads": torch_threads(), "machine": _machine(),
         },
         "models": {k: v for k, v in built.items() if any(c.startswith(k + "/") for c in cases)},
         "cases": cases,
@@ -593,22 +268,6 @@ def _extrapolate(cases: dict[str, Any], built: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def _set_threads() -> None:
-    """REALISTIC_THREADS=n: torch's intra-op threads, as GATEWAY_TORCH_THREADS sets them
-    (default: torch's, the physical cores)."""
-    if os.environ.get("REALISTIC_THREADS"):
-        import torch
-
-        torch.set_num_threads(int(os.environ["REALISTIC_THREADS"]))
-
-
-def _threads() -> int:
-    import torch
-
-    _set_threads()
-    return torch.get_num_threads()
-
-
 def _machine() -> str:
     from gateway.speed.cpu_linear import machine_identity
 
@@ -685,9 +344,9 @@ def _main(argv: list[str]) -> None:
     if kind == "build":
         result = build(args["shape"], Path(args["folder"]))
     elif kind == "gateway":
-        result = _gateway_child(args)
+        result = gateway_child(args)
     elif kind == "hf":
-        result = _hf_child(args)
+        result = hf_child(args)
     else:
         raise SystemExit(f"unknown child {kind!r}")
     print(json.dumps(result))

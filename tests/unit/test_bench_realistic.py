@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from benchmarks.realistic import PARAMS_7B, _extrapolate, _goals, _same, init_weights
+from benchmarks._realistic_models import init_weights
+from benchmarks.realistic import PARAMS_7B, _extrapolate, _goals, _same
 
 
 def tiny(layers: int = 4) -> torch.nn.Module:
