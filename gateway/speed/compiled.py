@@ -218,7 +218,7 @@ def _step_of(form: StepForm) -> Callable[..., torch.Tensor]:
             j = None if joined is None else joined[i]
             h = _layer(
                 layer, j, family, h, cos, sin, mask, keys[i], values[i], rows, positions, view
-            )  # fmt: skip
+            )
         if keep_last:
             h = h[torch.arange(ids.shape[0], device=ids.device), keep][:, None]  # (B, 1, H)
         if head is None:  # T is 1 exactly, or not
