@@ -204,16 +204,20 @@ class LlamaCppCache(BackendCache):
             if st + len(row) > self.capacity:
                 raise ValueError("a row would write past its slot's capacity")
             self._trim(s, st)
+        # Rows go into the llama_batch in slot order: llama.cpp puts only consecutive
+        # sequences (streams) in one pass, so out of order they would take more passes.
+        order = sorted(range(len(slots)), key=slots.__getitem__)
         ids, pos, seqs, outs = array("i"), array("i"), array("i"), array("b")
-        counts = []  # outputs per row
-        for s, st, row in zip(slots, starts, tokens, strict=True):
+        counts = [0] * len(slots)  # outputs per row
+        for r in order:
+            s, st, row = slots[r], starts[r], tokens[r]
             n = len(row)
             want = 0 if not logits else 1 if keep_last else n
             ids.extend(row)
             pos.extend(range(st, st + n))
             seqs.extend([s] * n)
             outs.extend([0] * (n - want) + [1] * want)
-            counts.append(want)
+            counts[r] = want
         try:
             got = [self._decode(ids, pos, seqs, outs, a) for a in range(0, len(ids), self._n_batch)]
         except BaseException:
@@ -223,11 +227,12 @@ class LlamaCppCache(BackendCache):
             raise
         for s, st, row in zip(slots, starts, tokens, strict=True):
             self.held[s] = st + len(row)
-        out = got[0] if len(got) == 1 else torch.cat(got)  # (outputs, V)
-        rows, at = [], 0
-        for want in counts:
-            rows.append(out[at : at + want])
-            at += want
+        out = got[0] if len(got) == 1 else torch.cat(got)  # (outputs, V), in slot order
+        rows: list[torch.Tensor] = [out] * len(slots)
+        at = 0
+        for r in order:
+            rows[r] = out[at : at + counts[r]]
+            at += counts[r]
         return rows
 
     def _trim(self, slot: int, start: int) -> None:
