@@ -2,18 +2,16 @@
 
     python -m benchmarks backends
 
-The demo pair (target v1, draft v2) as f32 GGUF, converted by llama.cpp's own converter from
-the same sdist (benchmarks/_llamacpp.py `gguf`: var/llamacpp/gguf/), and as the torch
-models the gateway loads today (eager: no compiled step). The 16 code prompts
-(benchmarks/prompts), 64 greedy tokens each, served through `Engine.batch` with 1 and 8 rows
-in flight (a finished row's place taken by the next prompt), standard and speculative
-(draft v2, k 1..8, the k policy on measured costs as in the gateway). BACKENDS=llama.cpp
-(or torch) runs one of them; GGUF (default f32; e.g. f32,q8_0,q4_k_m) the llama.cpp pair's
-quantizations (models_registry/gguf.py), each run on its own; THREADS (default 2) sets both
-backends' threads. On a CPU shared
-with other work, llama.cpp's threads wait on each other at every barrier: on this 2-core
-machine under load, a one-token forward of the demo target took 9.6 ms (median) with one
-thread and 167 ms with two.
+The demo pair (target v1, draft v2) as GGUF (models_registry/gguf.py, through
+benchmarks/_llamacpp.py `gguf`: var/llamacpp/gguf/), and as the torch models the gateway
+loads today (eager: no compiled step). The 16 code prompts (benchmarks/prompts), 64 greedy
+tokens each, served through `Engine.batch` with 1 and 8 rows in flight (a finished row's
+place taken by the next prompt), standard and speculative (draft v2, k 1..8, the k policy
+on measured costs as in the gateway). BACKENDS=llama.cpp (or torch) runs one of them; GGUF
+(default f32; e.g. f32,q8_0,q4_k_m) the llama.cpp pair's quantizations, each run on its
+own; THREADS (default 2) sets both backends' threads. On a CPU shared with other work,
+llama.cpp's threads wait on each other at every barrier: a one-token forward then costs
+many times more with two threads than with one (THREADS=1 measures the kernels).
 
 Reported per backend, mode and rows: aggregate tokens/s, and for llama.cpp the exactness
 measured on it: speculative outputs equal to standard (token for token), 8 rows equal to
