@@ -100,14 +100,6 @@ class Settings:
     the kinds at least 3% faster. A draft registered while the gateway runs stays eager. Off by
     default because of the first start's time. ``true``/``false`` mean on/off; any other value
     stops the start with an error."""
-    compile_helper: bool = True
-    """With ``GATEWAY_COMPILE`` on or auto, models on the CPU and 2 cores or more: at a start
-    where the first target has steps to compile, a helper process compiles one kind of that
-    target's step and the other models' missing steps (its drafts, any further target)
-    meanwhile; the gateway compiles the target's other kinds, waits for the helper, then loads
-    what it saved. A helper that fails leaves what it did not save to the gateway; one that runs
-    past 30 minutes is killed. ``false``: every model compiles in the gateway, one after the
-    other."""
     cuda_graphs: str = "off"
     """On a CUDA device: ``off``, ``on`` or ``auto``: replay the batch path's decode steps as
     captured CUDA graphs, padded to buckets of rows x tokens x key span, each bucket recorded on

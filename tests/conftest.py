@@ -45,8 +45,6 @@ SPLIT = frozenset(
     {
         "unit/speed/test_compiled.py",
         "unit/speed/test_compiled_store.py",
-        "unit/speed/test_precompile.py",
-        "unit/serving/test_compile_helper.py",
     }
 )
 """Modules whose tests are handed out one by one (paths under tests/)."""

@@ -177,7 +177,6 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
             compile_mode=compile_mode,
             graphs_mode=_graphs_mode(settings.cuda_graphs),
             compile_store=compile_store,
-            compile_helper=settings.compile_helper,
             prefill_chunk=settings.prefill_chunk,
         ),
     )

@@ -28,11 +28,9 @@ from gateway.engine import (
 from gateway.engine.batch.slots import PREFILL_CHUNK
 from gateway.serving.cost_store import CostStore, cost_key
 from gateway.serving.errors import GatewayError
-from gateway.speed import load_fast, precompile
+from gateway.speed import load_fast
 from gateway.speed.fast import compiled_of
-from gateway.speed.kinds import Later
-from gateway.speed.startup import HELPER_TIMEOUT, SHARED, plan_helper
-from gateway.speed.warmup import CompileOptions, WarmShare, compiled_model
+from gateway.speed.warmup import CompileOptions, compiled_model
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
 
 log = logging.getLogger("gateway.models")
@@ -72,10 +70,6 @@ class PoolOptions:
     as captured graphs (speed/graphs.py); on, auto or off as compile_mode."""
     compile_store: Path | None = None
     """Where compiled steps are kept for the next start (speed/store.py)."""
-    compile_helper: bool = False
-    """GATEWAY_COMPILE_HELPER, with a store: at start, a helper process compiles the other
-    models and one kind of the first target while the first compiles here
-    (speed/precompile.py)."""
     prefill_chunk: int = PREFILL_CHUNK
     """GATEWAY_PREFILL_CHUNK: steps are compiled for the slot buffers such a batch
     allocates (speed/store.py `batch_buffers`)."""
@@ -96,7 +90,6 @@ class ModelPool:
         self.compile_mode = o.compile_mode
         self.graphs_mode = o.graphs_mode
         self.compile_store = o.compile_store
-        self.compile_helper = o.compile_helper
         self.prefill_chunk = o.prefill_chunk
         # Weights already hashed to their manifest checksum, by their files' stats
         # (models_registry verify_sha256): a restart does not read unchanged shards again.
@@ -105,8 +98,6 @@ class ModelPool:
         # Forward costs timed at an earlier start with the same model and machine
         # (serving/cost_store.py); None: every load probes.
         self.costs: CostStore | None = None
-        self._preloaded: dict[tuple[str, str], LoadedModel] = {}  # loaded, not yet served
-        self._then: Later | None = None  # the next compile's kinds to leave to the helper
         self.cpu_linear = o.cpu_linear  # None: measured at load (speed/cpu_linear.py)
         self._started = False
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
@@ -123,70 +114,12 @@ class ModelPool:
 
     async def load_targets(self) -> None:
         """Load every target (and, when compiling or capturing, every draft) before serving."""
-        helper = None
-        if self.compile_helper and self.compile_store is not None and self.compile_mode != "off":
-            helper = await self._compile_alongside(self.compile_store)
-            if helper is not None:  # the first target's warm-up waits for its shared kinds,
-                # after taking what the helper has not reached of its share (`take_last`)
-                running = helper
-                self._then = (
-                    frozenset(SHARED),
-                    lambda: (running.take_last(), running.wait(HELPER_TIMEOUT)),
-                )
-        try:
-            for entry in self.manifest.targets():
-                _, engine = await self.target(entry.name)
-                if helper is not None:  # the first target is compiled: the rest is stored
-                    await asyncio.to_thread(helper.wait, HELPER_TIMEOUT)
-                    helper = None
-                if any(self._fast(engine.target)):
-                    for version in self.draft_versions(entry.name):
-                        await self.draft(entry.name, version)
-        finally:
-            self._then = None
-            if helper is not None:  # the start failed: the helper's work is moot
-                helper.kill()
+        for entry in self.manifest.targets():
+            _, engine = await self.target(entry.name)
+            if any(self._fast(engine.target)):
+                for version in self.draft_versions(entry.name):
+                    await self.draft(entry.name, version)
         self._started = True
-
-    async def _compile_alongside(self, store: Path) -> precompile.Helper | None:
-        """Load every target and its drafts now (each model's linear forward decided here),
-        then, when the first target has steps to compile on a CPU, start a helper process
-        that compiles the other models' missing steps into the store meanwhile
-        (speed/precompile.py); `load_targets` waits for it once the first target is
-        compiled, and compiling the others loads what it saved. None: no helper (a restart,
-        whose steps are all stored, would only pay its start; a GPU would hold every
-        model twice; or planning it failed: everything compiles here, as without it)."""
-        try:
-            models: list[tuple[LoadedModel, bool]] = []  # (model, draft) in compile order
-            for entry in {e.name: e for e in self.manifest.targets()}.values():  # as target()
-                models.append((await self._preload(entry, draft_vocab=False), False))
-                for draft_entry in self.manifest.drafts_for(entry.name):
-                    models.append((await self._preload(draft_entry, draft_vocab=True), True))
-            # on the inference thread: the fingerprints and the helper's thread count are
-            # that thread's
-            helper: precompile.Helper | None = await self._run(
-                lambda: self._start_helper(models, store)
-            )
-            return helper
-        except Exception as exc:  # a helper is an optimisation: never a reason not to start
-            log.warning("no compile helper (%s: %s): every model compiles here",
-                        type(exc).__name__, exc)  # fmt: skip
-            return None
-
-    def _start_helper(
-        self, models: list[tuple[LoadedModel, bool]], store: Path
-    ) -> precompile.Helper | None:
-        """The helper for `models` (every target, each followed by its drafts) but the
-        first, or None when it would not overlap anything (see `_compile_alongside`)."""
-        if self.compile_rows is None or not all(self._fast(m)[0] for m, _ in models):
-            return None
-        return plan_helper(models, store, self.compile_rows, self.prefill_chunk)
-
-    async def _preload(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
-        await asyncio.to_thread(verify_sha256, entry, self.verified)
-        model: LoadedModel = await self._run(lambda: self._load(entry, draft_vocab))
-        self._preloaded[(entry.name, entry.version)] = model
-        return model
 
     def _load(self, entry: ModelEntry, draft_vocab: bool) -> LoadedModel:
         """The entry's model as the pool loads it (on the inference thread): a target
@@ -228,19 +161,15 @@ class ModelPool:
                 code="model_not_found",
             )
         entry = entries[-1]
-        model = self._preloaded.pop((entry.name, entry.version), None)
-        if model is None:
-            # no torch: keeps decoding going
-            await asyncio.to_thread(verify_sha256, entry, self.verified)
-        engine: Engine = await self._run(lambda: self._load_target(entry, model))
+        await asyncio.to_thread(verify_sha256, entry, self.verified)  # no torch: decoding goes on
+        engine: Engine = await self._run(lambda: self._load_target(entry))
         with self._lock:
             self._engines.setdefault(name, (entry, engine))
             return self._engines[name]
 
-    def _load_target(self, entry: ModelEntry, model: LoadedModel | None) -> Engine:
-        """On the inference thread; `model`: already loaded (`_preload`)."""
-        if model is None:
-            model = self._load(entry, draft_vocab=False)
+    def _load_target(self, entry: ModelEntry) -> Engine:
+        """On the inference thread."""
+        model = self._load(entry, draft_vocab=False)
         engine = Engine(self._compiled(model, entry, model.context_length, draft=False))
         self._probe(engine, None, entry)
         return engine
@@ -272,7 +201,6 @@ class ModelPool:
             graphs and self.graphs_mode == "auto"
         )
         try:
-            then, self._then = self._then, None  # only the first target's compile
             options = CompileOptions(
                 inductor=inductor,
                 graphs=graphs,
@@ -280,9 +208,7 @@ class ModelPool:
                 measure=measure,
                 prefill_chunk=self.prefill_chunk,
             )
-            fast, seconds = compiled_model(
-                model, rows, draft, options=options, progress=log.info, share=WarmShare(then=then)
-            )
+            fast, seconds = compiled_model(model, rows, draft, options=options, progress=log.info)
         except Exception as exc:  # an architecture or device inductor cannot compile
             log.warning(
                 "%s v%s runs eager: compiling its forwards failed (%s: %s)",
@@ -337,19 +263,14 @@ class ModelPool:
         if handle is not None:
             return handle
         _, engine = await self.target(target)
-        loaded = self._preloaded.pop(key, None)
-        if loaded is None:
-            await asyncio.to_thread(verify_sha256, entry, self.verified)
-        model: LoadedModel = await self._run(lambda: self._load_draft(entry, engine, loaded))
+        await asyncio.to_thread(verify_sha256, entry, self.verified)
+        model: LoadedModel = await self._run(lambda: self._load_draft(entry, engine))
         with self._lock:
             return self._drafts.setdefault(key, DraftHandle(entry, model))
 
-    def _load_draft(
-        self, entry: ModelEntry, engine: Engine, model: LoadedModel | None
-    ) -> LoadedModel:
-        """On the inference thread; `model`: already loaded (`_preload`)."""
-        if model is None:
-            model = self._load(entry, draft_vocab=True)
+    def _load_draft(self, entry: ModelEntry, engine: Engine) -> LoadedModel:
+        """On the inference thread."""
+        model = self._load(entry, draft_vocab=True)
         check_pair(engine.target, model)
         model = self._compiled(model, entry, engine.target.context_length, draft=True)
         self._probe(engine, model, entry)

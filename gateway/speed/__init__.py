@@ -8,9 +8,8 @@ takes some of its steps. What is here:
   bitwise against the model's forward at load;
 - cpu_linear.py, packed_linear.py, native.py (+ linear_rows.cpp): the weight-major form
   of fp32 CPU linear layers, measured at load and kept where it pays;
-- compiled.py, steps.py, store.py, warmup.py, precompile.py: the batch steps compiled with
-  torch.compile, kept on disk between starts, warmed up at start, and a helper process
-  that compiles some of them beside the gateway;
+- compiled.py, kinds.py, steps.py, store.py, warmup.py: the batch steps compiled with
+  torch.compile, kept on disk between starts and warmed up at start;
 - graphs.py: CUDA graphs of the compiled steps (experimental: not yet run on a GPU);
 - fast.py: the FastForward that joins them.
 

@@ -3,7 +3,6 @@ what a compiled step serves and how it is compiled."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from gateway.engine.batch.slots import PREFILL_CHUNK
@@ -22,9 +21,6 @@ head against 12 layers of 0.85M), and its chunks measured faster compiled with t
 at every position; a model with a large vocabulary for its width (0.38 for a 152k x
 896 head over 24 layers of 15M) would spend that on the head."""
 KINDS = frozenset({"1x1", "1xN", "Bx1", "BxN"})
-Later = tuple[frozenset[str], Callable[[], object]]  # (kinds, wait): warm_up's `then`
-Claim = Callable[[str], bool]  # may this process compile a kind's stored step (its file
-# name)? warm_up's `claim` (speed/precompile.py `claimer`)
 FASTER = 0.97  # auto keeps a kind whose compiled step takes at most this share of eager's
 INDUCTOR: dict[str, Any] = {
     "size_asserts": False,

@@ -17,8 +17,8 @@ from gateway.engine.batch.slots import PREFILL_CHUNK, SlotCache
 from gateway.engine.models import LoadedModel
 from gateway.speed.compiled import CompiledForwards, compile_forwards
 from gateway.speed.fast import Accelerated, compiled_of, lean_of
-from gateway.speed.kinds import FASTER, MAX_TOKENS, Claim, Later, kind, warm_kinds
-from gateway.speed.store import Precompiled, _artifact, batch_buffers
+from gateway.speed.kinds import FASTER, MAX_TOKENS, kind, warm_kinds
+from gateway.speed.store import Precompiled, batch_buffers
 
 log = logging.getLogger("gateway.speed.warmup")
 
@@ -43,27 +43,10 @@ class CompileOptions:
     prefill_chunk: int = PREFILL_CHUNK
 
 
-@dataclass(frozen=True)
-class WarmShare:
-    """This process's share of a warm-up when another process compiles beside it
-    (speed/precompile.py). `kinds`: only these kinds. `then` (kinds, wait): those kinds
-    last, after calling wait() (a helper compiled them into the store meanwhile: they
-    load). `claim` (with a store; precompile.py `claimer`): asked, with the name of its
-    stored step, before a kind not in the store is compiled; a kind it refuses (another
-    process compiles it) is skipped."""
-
-    kinds: frozenset[str] | None = None
-    then: Later | None = None
-    claim: Claim | None = None
-
-
-ALL = WarmShare()  # every kind, no one beside
-
-
 def compiled_model(
     lm: LoadedModel, max_rows: int, draft: bool = False,
     options: CompileOptions = CompileOptions(), progress: Callable[[str], None] = log.info,
-    share: WarmShare = ALL,
+    kinds: frozenset[str] | None = None,
 ) -> tuple[LoadedModel, float]:  # fmt: skip
     """``lm`` with its compiled step (a draft's: drafting, through its reduced head if it
     has one; a target's: verify), every kind of step already compiled on a slot cache
@@ -71,7 +54,7 @@ def compiled_model(
     (`CompileOptions`); and the seconds the warm-up took. With `options.measure`, where
     no kind measured faster, ``lm`` comes back eager. Raises ValueError for a model
     without a lean decoder (its family was not checked, speed/lean.py): it runs eager.
-    `share`: see `warm_up`."""
+    `kinds`: warm up only these kinds of step (`warm_up`)."""
     lean = lean_of(lm)
     if lean is None:
         raise ValueError("only models the lean decoder runs are compiled (Llama, Mistral, Qwen2)")
@@ -84,7 +67,7 @@ def compiled_model(
     out = with_compiled(lm, replace(fast, buffers=buffers))
     t0 = time.perf_counter()
     if options.inductor:
-        warm_up(out, max_rows, progress, share)
+        warm_up(out, max_rows, progress, kinds)
         step = fast.step if fast.graphs is None else fast.graphs.step
         if isinstance(step, Precompiled):
 
@@ -100,15 +83,15 @@ def compiled_model(
             )
     if options.measure:
         ratios = measure_kinds(out, max_rows)
-        kinds = faster_kinds(ratios)
+        faster = faster_kinds(ratios)
         progress(
             f"{lm.path}: compiled/eager time by step kind "
             + ", ".join(f"{k} {r:.2f}" for k, r in sorted(ratios.items()))
-            + f"; compiled for {', '.join(sorted(kinds)) or 'none: eager'}"
+            + f"; compiled for {', '.join(sorted(faster)) or 'none: eager'}"
         )
         done = compiled_of(out)
         assert done is not None
-        out = with_compiled(out, replace(done, kinds=kinds) if kinds else None)
+        out = with_compiled(out, replace(done, kinds=faster) if faster else None)
     return out, time.perf_counter() - t0
 
 
@@ -156,65 +139,29 @@ def warm_up(
     lm: LoadedModel,
     max_rows: int,
     progress: Callable[[str], None] = log.info,
-    share: WarmShare = ALL,
+    kinds: frozenset[str] | None = None,
 ) -> float:
     """Trace and compile every kind of step a batch of `max_rows` rows runs (one row x one
     token, one row x several tokens, and with two rows or more several rows x one and
-    several x several) on a scratch cache shaped like the batch's; returns the seconds
-    spent. `share` (`WarmShare`): the kinds this process compiles, and in which order,
-    when a compile helper shares the work (speed/precompile.py)."""
+    several x several; `kinds`: only these) on a scratch cache shaped like the batch's;
+    returns the seconds spent."""
     fast = compiled_of(lm)
     assert fast is not None
-    kinds, then, claim = share.kinds, share.then, share.claim
-    order: list[tuple[int, int] | None] = [
-        k for k in warm_kinds(max_rows) if kinds is None or kind(*k) in kinds
-    ]
-    if then is not None:  # None marks the wait
-        order = (
-            [k for k in order if k is None or kind(*k) not in then[0]]
-            + [None]
-            + [k for k in order if k is not None and kind(*k) in then[0]]
-        )
-    count = sum(k is not None for k in order)
+    order = [k for k in warm_kinds(max_rows) if kinds is None or kind(*k) in kinds]
     t0 = time.perf_counter()
     fill = [[1, 2, 3], [1, 2, 3, 4]][:max_rows]  # rows of different lengths, as in a batch
     with torch.inference_mode():
         cache, slots = _scratch(lm, fill)
-        done = 0
-        for shape in order:
-            if shape is None:
-                assert then is not None
-                then[1]()
-                continue
-            rows, t = shape
-            if claim is not None and not _claimed(fast, kind(rows, t), claim):
-                progress(left_to_other(lm.path, kind(rows, t)))
-                continue
+        for done, (rows, t) in enumerate(order, 1):
             for s, f in zip(slots, fill, strict=True):
                 cache.length[s] = len(f)
             step = Step(cache, slots[:rows], [[1] * t] * rows, fast.keep_last, head=fast.head)
             batched_forward(lm.model, step, lm.fast)
-            done += 1
             progress(
-                f"compiling {lm.path}: step kind {done}/{count} ({rows} row(s) x {t} "
+                f"compiling {lm.path}: step kind {done}/{len(order)} ({rows} row(s) x {t} "
                 f"token(s)), {time.perf_counter() - t0:.1f} s"
             )
     return time.perf_counter() - t0
-
-
-def left_to_other(path: str, name: str) -> str:
-    """The progress line of a kind another process claimed (`claim`)."""
-    return f"compiling {path}: step kind {name} left to the other process compiling it"
-
-
-def _claimed(fast: CompiledForwards, name: str, claim: Claim) -> bool:
-    """Whether this process compiles (or loads) kind `name`: yes when it is stored or not
-    precompiled at all, else as `claim` says."""
-    step = fast.step if fast.graphs is None else fast.graphs.step
-    if not isinstance(step, Precompiled) or fast.buffers is None:
-        return True
-    path = _artifact(step.store, step.fingerprint, name, fast.buffers)
-    return path.exists() or claim(path.name)
 
 
 def _scratch(lm: LoadedModel, fill: list[list[int]]) -> tuple[SlotCache, list[int]]:

@@ -19,7 +19,7 @@ from gateway.engine import DecodeRequest, Engine, LoadedModel
 from gateway.engine.batch.forward import Step, batched_forward
 from gateway.speed import cpu_linear, load_fast
 from gateway.speed.fast import Accelerated, compiled_of, lean_of
-from gateway.speed.warmup import CompileOptions, WarmShare, compiled_model
+from gateway.speed.warmup import CompileOptions, compiled_model
 from tests.support.batch import Job, drive, greedy, mixed_jobs, run_batch
 
 pytestmark = [
@@ -312,7 +312,7 @@ def test_another_model_config_does_not_load_a_precompiled_step(
         shutil.copy(path, tmp_path)
     assert len(list(tmp_path.glob("step-*.pt"))) == 4
     other, _ = compiled_model(
-        draft, 4, options=CompileOptions(store=tmp_path), share=WarmShare(kinds=frozenset({"1x1"}))
+        draft, 4, options=CompileOptions(store=tmp_path), kinds=frozenset({"1x1"})
     )
     assert compiled_of(other) is not None and compiled_of(other).step.loaded == []  # type: ignore[union-attr]
     assert list(compiled_of(other).step.fns) == ["1x1"]  # type: ignore[union-attr]
@@ -342,13 +342,9 @@ def test_a_step_is_compiled_for_its_batchs_slot_buffers(model_dirs, tmp_path) ->
     assert {rows for rows, _ in costs.means} == {1, 2, 4}  # bucket 4 timed at 3 rows
     assert counters["stats"]["unique_graphs"] == traced
     one = frozenset({"1x1"})
-    other, _ = compiled_model(
-        target, 2, options=CompileOptions(store=tmp_path), share=WarmShare(kinds=one)
-    )
+    other, _ = compiled_model(target, 2, options=CompileOptions(store=tmp_path), kinds=one)
     assert compiled_of(other) is not None and compiled_of(other).step.loaded == []  # type: ignore[union-attr]
-    again, _ = compiled_model(
-        target, 3, options=CompileOptions(store=tmp_path), share=WarmShare(kinds=one)
-    )
+    again, _ = compiled_model(target, 3, options=CompileOptions(store=tmp_path), kinds=one)
     assert compiled_of(again) is not None and compiled_of(again).step.loaded == ["1x1"]  # type: ignore[union-attr]
     assert len(list(tmp_path.glob("step-*.pt"))) == 5
 
