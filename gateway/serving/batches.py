@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.engine import Engine
-from gateway.engine.batch.rows import Event, Row
-from gateway.engine.batch.scheduler import Batch
-from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
+from gateway.engine import PREFILL_BUDGET, PREFILL_CHUNK, Batch, Engine, Event, Row
 from gateway.serving.fairness import StepPacer
 from gateway.serving.jobs import Job
 

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from gateway.engine import (
+    PREFILL_CHUNK,
     Engine,
     LoadedModel,
     UnsupportedModel,
     check_pair,
+    load_backend,
 )
-from gateway.engine.batch.slots import PREFILL_CHUNK
 from gateway.serving.cost_store import CostStore, cost_key
 from gateway.serving.errors import GatewayError
 from gateway.speed import load_fast
@@ -127,9 +128,7 @@ class ModelPool:
         cannot serve exactly answers 503 model_unsupported, with the reason."""
         try:
             if entry.backend not in (None, "torch"):  # a GGUF on llama.cpp: engine/backends/
-                from gateway.engine.backends.loading import load
-
-                return load(str(entry.path), entry.backend, self.device)
+                return load_backend(str(entry.path), entry.backend, self.device)
             return load_fast(
                 str(entry.path), self.device, self.dtype, draft_vocab, self.cpu_linear,
                 compiled=self.compile_mode != "off",

@@ -41,9 +41,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from gateway.engine import DecodeRequest, Engine, Finished, LoadedModel
-from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
-from gateway.engine.schema import Delta
+from gateway.engine import (
+    PREFILL_BUDGET,
+    PREFILL_CHUNK,
+    DecodeRequest,
+    Delta,
+    Engine,
+    Finished,
+    LoadedModel,
+)
 from gateway.serving.batches import Batches, batch_rows
 from gateway.serving.fairness import SYSTEM, FairQueue, Overloaded, Share, StepPacer
 from gateway.serving.jobs import DONE, Call, Decode, Job, Outbox
