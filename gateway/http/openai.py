@@ -20,9 +20,9 @@ from gateway.http.schemas import ChatCompletionRequest, CompletionRequest, Token
 from gateway.serving import Services
 from gateway.serving.commands import Generate, Principal, RequestMeta
 from gateway.serving.errors import GatewayError, invalid
-from gateway.serving.generation import Generation
 from gateway.serving.prepare import admit_tokenize, tokenize_off_loop
 from gateway.serving.recorder import shutting_down
+from gateway.serving.started import Generation
 
 
 def services(request: Request[Any, Any, Any]) -> Services:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.engine import DecodeResult, TokenLogprob
-from gateway.serving.generation import Generation
 from gateway.serving.reasoning import split as split_reasoning
+from gateway.serving.started import Generation
 from gateway.serving.tool_output import Event, ParsedCall, ToolCallReader, format_of, read_calls
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.serving import generation
+from gateway.serving import started
 from tests.integration.service.harness import sqlite_gateway
 
 
@@ -22,7 +22,7 @@ async def test_an_unexpected_run_error_is_recorded_and_frees_its_slot(
         raise RuntimeError("a shared forward failed")
         yield  # an async generator
 
-    monkeypatch.setattr(generation, "merged_events", failing)
+    monkeypatch.setattr(started, "merged_events", failing)
     async with sqlite_gateway(tiny_manifest, tmp_path) as gw:
         r = await gw.complete("def f(", max_tokens=4)
         assert r.status_code == 500, r.text
