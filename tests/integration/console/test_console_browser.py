@@ -91,14 +91,35 @@ def test_admin_runs_a_canary_end_to_end(server: Server, tmp_path: Path) -> None:
         page.click("#issue-tenant-key")
         key = (page.wait_for_selector("#secret-value").text_content() or "").strip()
         assert key.startswith("sk-")
-        assert complete(url, key, 0).status_code == 200
+        first = complete(url, key, 0)
+        assert first.status_code == 200
+        served_first = first.headers["x-draft-model"]  # e.g. tiny-draft@2
         screenshot(page, "tenants", tmp_path)
         listed = httpx.get(f"{url}/console/api/tenants/{TENANT}/keys", headers=ADMIN).json()
         assert [k["role"] for k in listed["data"]] == ["tenant"]
         assert key not in json.dumps(listed)
 
-        # -- a canary of the draft's version 2 against version 1 ------------------------
+        # -- before any rollout, the draft that served is named alike everywhere --------
         page.click("nav a[data-view=rollouts]")
+        page.wait_for_selector("#ro-draft option", state="attached")
+        options = page.eval_on_selector_all(
+            "#ro-draft option", "(os) => os.map((o) => [o.value, o.textContent])"
+        )
+        named = {value.replace("|", "@"): text for value, text in options}
+        assert "serving:" in named.get(served_first, ""), named  # the console's pick list
+        assert [v for v, text in named.items() if "serving:" in text] == [served_first], named
+        models = httpx.get(f"{url}/admin/models", headers=ADMIN).json()["data"]
+        serving = [
+            f"{m['name']}@{m['version']}"
+            for m in models
+            if m.get("role") == "draft" and m.get("serving")
+        ]
+        assert serving == [served_first], models  # /admin/models says the same
+        records = httpx.get(f"{url}/audit/records", params={"tenant": TENANT}, headers=ADMIN)
+        drafts = {f"{r['draft_model']}@{r['draft_version']}" for r in records.json()["data"]}
+        assert drafts == {served_first}, drafts  # and so do the audit records
+
+        # -- a canary of the draft's version 2 against version 1 ------------------------
         page.select_option("#ro-draft", "tiny-draft|2")
         page.fill("#ro-percent", "50")
         accept_next_dialog(page, dialogs)
@@ -149,6 +170,18 @@ def test_admin_runs_a_canary_end_to_end(server: Server, tmp_path: Path) -> None:
         page.goto(f"{url}/console#/live?tenant={TENANT}")
         page.wait_for_selector("#chart-requests[data-series]")
         assert series_counts(page, "#chart-requests")[0] > 0
+        # every chart's time axis spans the chosen window, however few buckets have data
+        for window in ("900", "3600"):
+            page.select_option("#live-window", window)
+            page.wait_for_function(
+                "(w) => { const r = document.querySelector('#chart-requests')?.dataset.xRange;"
+                " if (!r) return false; const [a, b] = r.split(',').map(Number);"
+                " return Math.abs(b - a - w) <= 5; }",
+                arg=int(window),
+            )
+            for chart in page.query_selector_all("#live-charts .chart[data-x-range]"):
+                lo, hi = map(int, (chart.get_attribute("data-x-range") or "").split(","))
+                assert abs(hi - lo - int(window)) <= 5, (window, lo, hi)
         screenshot(page, "live", tmp_path)
 
         # -- the rollback among the admin events, the records, export, verify -----------
