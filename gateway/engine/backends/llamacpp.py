@@ -59,6 +59,7 @@ from gateway.engine.models import LoadedModel
 log = logging.getLogger("gateway.engine.llamacpp")
 
 N_BATCH = 512  # tokens one llama_decode takes at most; a larger forward is decoded in parts
+ROW_PART = 63  # a row's tokens in one llama_decode at most (ggml's FA tiles from 64: forward)
 KV_TYPES = {"f32": 0, "f16": 1}  # ggml_type of the KV cache's keys and values
 _LOG_WARN = 3  # ggml_log_level: GGML_LOG_LEVEL_WARN (INFO = 2, ERROR = 4, CONT = 5)
 
@@ -204,22 +205,37 @@ class LlamaCppCache(BackendCache):
             if st + len(row) > self.capacity:
                 raise ValueError("a row would write past its slot's capacity")
             self._trim(s, st)
-        # Rows go into the llama_batch in slot order: llama.cpp puts only consecutive
-        # sequences (streams) in one pass, so out of order they would take more passes.
+        # Rows go into a llama_batch in slot order: llama.cpp puts only consecutive
+        # sequences (streams) in one pass, so out of order they would take more passes. A
+        # row's tokens go ROW_PART at a time: from 64 query tokens of one sequence ggml's
+        # flash attention takes its tiled path, whose logits are not the one-token path's.
         order = sorted(range(len(slots)), key=slots.__getitem__)
-        ids, pos, seqs, outs = array("i"), array("i"), array("i"), array("b")
-        counts = [0] * len(slots)  # outputs per row
-        for r in order:
-            s, st, row = slots[r], starts[r], tokens[r]
-            n = len(row)
-            want = 0 if not logits else 1 if keep_last else n
-            ids.extend(row)
-            pos.extend(range(st, st + n))
-            seqs.extend([s] * n)
-            outs.extend([0] * (n - want) + [1] * want)
-            counts[r] = want
+        wants = [0 if not logits else 1 if keep_last else len(t) for t in tokens]
+        parts = max((len(t) for t in tokens), default=0)
+        got: list[list[torch.Tensor]] = [[] for _ in slots]  # each row's outputs, by part
         try:
-            got = [self._decode(ids, pos, seqs, outs, a) for a in range(0, len(ids), self._n_batch)]
+            for lo in range(0, parts, ROW_PART):
+                ids, pos, seqs, outs = array("i"), array("i"), array("i"), array("b")
+                rows = []  # (row, its outputs in this part)
+                for r in order:
+                    seg = tokens[r][lo : lo + ROW_PART]
+                    if not seg:
+                        continue
+                    n, first = len(seg), len(tokens[r]) - wants[r]  # first wanted index
+                    flags = [1 if k >= first else 0 for k in range(lo, lo + n)]
+                    ids.extend(seg)
+                    pos.extend(range(starts[r] + lo, starts[r] + lo + n))
+                    seqs.extend([slots[r]] * n)
+                    outs.extend(flags)
+                    rows.append((r, sum(flags)))
+                step = [
+                    self._decode(ids, pos, seqs, outs, a) for a in range(0, len(ids), self._n_batch)
+                ]
+                out = step[0] if len(step) == 1 else torch.cat(step)  # (outputs, V)
+                at = 0
+                for r, k in rows:
+                    got[r].append(out[at : at + k])
+                    at += k
         except BaseException:
             for s, st in zip(slots, starts, strict=True):  # whatever landed goes again
                 lc.llama_memory_seq_rm(self._mem, s, st, -1)
@@ -227,13 +243,8 @@ class LlamaCppCache(BackendCache):
             raise
         for s, st, row in zip(slots, starts, tokens, strict=True):
             self.held[s] = st + len(row)
-        out = got[0] if len(got) == 1 else torch.cat(got)  # (outputs, V), in slot order
-        rows: list[torch.Tensor] = [out] * len(slots)
-        at = 0
-        for r in order:
-            rows[r] = out[at : at + counts[r]]
-            at += counts[r]
-        return rows
+        v = self.model.n_vocab
+        return [g[0] if len(g) == 1 else torch.cat(g) if g else torch.empty((0, v)) for g in got]
 
     def _trim(self, slot: int, start: int) -> None:
         """Sequence `slot` back to positions 0..start-1 (its committed tokens)."""

@@ -148,3 +148,32 @@ def test_with_the_tiled_products_on_they_differ(wide_q4) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert float(run.stdout.split()[-1]) > 1e-3
+
+
+def _long_gap(path: Path) -> float:
+    """The largest difference between the logits of 90 tokens fed in one forward and fed
+    after an 8-token prefix one per forward."""
+    lm = _load(path, path.parent)
+    toks = [3 + (7 * i) % 250 for i in range(98)]
+    cache = lm.model.slot_cache(2, 256)
+    whole, steps = cache.take(), cache.take()
+    for s in (whole, steps):
+        cache.forward([s], [toks[:8]], keep_last=True)
+        cache.length[s] += 8
+    together = cache.forward([whole], [toks[8:]], keep_last=False)[0]
+    singles = []
+    for t in toks[8:]:
+        singles.append(cache.forward([steps], [[t]], keep_last=False)[0])
+        cache.length[steps] += 1
+    return float((torch.cat(singles) - together).abs().max())
+
+
+def test_a_long_forward_gives_each_token_its_one_token_logits(wide_q4, monkeypatch) -> None:
+    """A row's tokens go to llama.cpp ROW_PART (63) at a time: from 64 query tokens of one
+    sequence ggml's flash attention takes a tiled path with other logits. The negative
+    control: with the rows fed whole, the same comparison differs."""
+    from gateway.engine.backends import llamacpp
+
+    assert _long_gap(wide_q4) == 0.0
+    monkeypatch.setattr(llamacpp, "ROW_PART", 1000)
+    assert _long_gap(wide_q4) > 1e-3
