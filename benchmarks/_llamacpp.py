@@ -96,10 +96,12 @@ def gguf(name: str, kind: str = "f32") -> Path:
 
 @contextmanager
 def server(
-    draft: str | None, slots: int, threads: int = 2, n_max: int = 8, kind: str = "f32"
-) -> Iterator[str]:
+    draft: str | None, slots: int, threads: int = 2, n_max: int = 8, kind: str = "f32",
+    extra: tuple[str, ...] = (),
+) -> Iterator[str]:  # fmt: skip
     """llama-server on the demo target (and `draft`, a MODELS key), both as `kind` GGUF,
-    `slots` parallel sequences of 2048 tokens each; yields its base URL."""
+    `slots` parallel sequences of 2048 tokens each, `extra` arguments after; yields its
+    base URL."""
     binary = server_binary()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -111,6 +113,7 @@ def server(
     ]  # fmt: skip
     if draft is not None:
         cmd += ["-md", str(gguf(draft, kind)), "--spec-draft-n-max", str(n_max)]
+    cmd += extra
     log = HOME / f"server-{draft or 'target'}-{kind}.log"  # one each: two may run at once
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
