@@ -49,7 +49,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy gateway/engine gateway/database gateway/serving gateway/costmodel.py gateway/limits.py \
+	$(BIN)/mypy gateway/engine gateway/speed gateway/database gateway/serving gateway/costmodel.py gateway/limits.py \
 		policies models_registry
 
 # The docs as a site (MkDocs, mkdocs.yml) in var/site/; --strict: a broken link or anchor

@@ -33,8 +33,8 @@ import torch
 from benchmarks._llamacpp import DEMO, MODELS, gguf
 from gateway.engine import DecodeRequest, DecodeResult, Engine, LoadedModel, SamplingParams
 from gateway.engine.batch.forward import Step, batched_forward
-from gateway.engine.models import load_model
 from gateway.engine.schema import Finished
+from gateway.speed import load_fast
 
 HERE = Path(__file__).resolve().parent
 NEW_TOKENS = 64
@@ -108,8 +108,8 @@ def _compare(lm: LoadedModel, prompts, got: list[DecodeResult], want: list[Decod
 def _pair(backend: str, kind: str = "f32") -> tuple[LoadedModel, LoadedModel]:
     if backend == "torch":
         return (
-            load_model(DEMO / MODELS["target"], device="cpu"),
-            load_model(DEMO / MODELS["draft_v2"], device="cpu"),
+            load_fast(DEMO / MODELS["target"], device="cpu"),
+            load_fast(DEMO / MODELS["draft_v2"], device="cpu"),
         )
     from gateway.engine.backends.llamacpp import load_gguf
 

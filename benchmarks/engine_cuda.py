@@ -1,4 +1,4 @@
-"""The batch path on a CUDA GPU: eager against captured CUDA graphs (engine/graphs.py), with
+"""The batch path on a CUDA GPU: eager against captured CUDA graphs (speed/graphs.py), with
 the eager lean step and with the inductor-compiled step inside them; and what a user would
 otherwise run in-process, transformers' generate (standard, and assisted by the same draft).
 

@@ -9,7 +9,7 @@ code prompts, greedy, 64 new tokens, streamed /v1/completions through the same c
 model picks k each step). llama-server: no draft, and draft v2 with at most 8 drafted
 tokens (the same bound; it stops a draft early by its own rule), 8 slots, 2 threads (this
 machine's cores). The gateway runs three times: eager (the default) and with
-GATEWAY_COMPILE=auto (engine/compiled.py: compiled where it measured faster), both without
+GATEWAY_COMPILE=auto (speed/compiled.py: compiled where it measured faster), both without
 kept prompt prefixes, and compiled with them (GATEWAY_PREFIX_CACHE=true).
 
 Paired, interleaved: the five servers (three gateways, two llama-servers) start one after

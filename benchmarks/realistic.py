@@ -103,7 +103,7 @@ PLANS: dict[str, dict[str, Any]] = {
 """Cases run in order, "shape/dtype[/linear]": linear pins the fp32 linear form as
 GATEWAY_CPU_LINEAR does (off, on; default auto: measured at the first start and kept, as the
 gateway does). The full plan runs the fp32 1.5B with torch's linear: measuring the verdict
-packs a second copy of every fp32 linear weight for a moment (engine/packed_linear.py), and
+packs a second copy of every fp32 linear weight for a moment (speed/packed_linear.py), and
 its 7.5 GB of fp32 weights twice would pass the ~12 GB this shared machine has to spare.
 REALISTIC_CASES=a,b overrides the list (a reduced run); REALISTIC_RESUME=1 keeps the cases
 a killed run finished (var/bench-realistic/partial.json) and runs the rest. first_start: the

@@ -22,7 +22,7 @@ revision (a temporary `git worktree` given this checkout's _phases.py and step_p
 phases it lacks are skipped), each case before then after, and reports both.
 
 Compiled steps: `GATEWAY_COMPILE=on` (or `auto`) compiles the in-process side's target and
-draft as the gateway does (engine/compiled.py, steps precompiled into var/bench-compile-
+draft as the gateway does (speed/compiled.py, steps precompiled into var/bench-compile-
 cache, shared by the runs) and the gateway inherits the setting; `setup.compile` says
 which ran. The README quotes that run from step_profile_compiled.json (a copy).
 """

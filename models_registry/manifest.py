@@ -287,24 +287,29 @@ def _keep_checksum(cache: Path, key: str, digest: str) -> None:
         pass
 
 
-def register(
-    manifest: Manifest,
-    model_dir: str | Path,
-    name: str,
-    version: str,
-    role: Role,
-    target: str | None = None,
-    *,
-    tokenizer: str | None = None,
-    trained_on: str | None = None,
-) -> ModelEntry:
+@dataclass(frozen=True)
+class NewVersion:
+    """A model version to register: its name, version and role, the target a draft drafts
+    for, and optional labels (the tokenizer's, what it was trained on)."""
+
+    name: str
+    version: str
+    role: Role
+    target: str | None = None
+    tokenizer: str | None = None
+    trained_on: str | None = None
+
+
+def register(manifest: Manifest, model_dir: str | Path, new: NewVersion) -> ModelEntry:
     """Describe a local model directory as a new entry (not yet added: see ``with_entry``).
 
     Hashes the weights, counts parameters from the safetensors headers, reads the
     architecture from config.json and, for drafts, checks the tokenizer against the newest
-    version of ``target``. The tokenizer label defaults to the target's label (drafts) or the
-    tokenizer's fingerprint.
+    version of ``new.target``. The tokenizer label defaults to the target's label (drafts) or
+    the tokenizer's fingerprint.
     """
+    name, role, target, tokenizer = new.name, new.role, new.target, new.tokenizer
+    version = new.version
     model_dir = Path(model_dir).expanduser().resolve()
     version = str(version)
     if role not in ROLES:
@@ -341,7 +346,7 @@ def register(
         layers=config.layers,
         hidden=config.hidden,
         dtype=weights.dtype,
-        trained_on=trained_on,
+        trained_on=new.trained_on,
     )
 
 
@@ -350,6 +355,7 @@ __all__ = [
     "ROLES",
     "Manifest",
     "ModelEntry",
+    "NewVersion",
     "Role",
     "dump_manifest",
     "entry_files",

@@ -27,9 +27,8 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 class DraftHead(torch.nn.Module):
     """The reduced head: hidden states (..., H) -> logits (..., V) over the full vocabulary,
-    -inf outside the subset. A module (its tensors buffers) so that a compiled drafting
-    step can run it inside its graph (speed/compiled.py) and a precompiled one can refer
-    to it."""
+    -inf outside the subset. A module (its tensors buffers), so that a faster forward can
+    run it inside its own (gateway/speed)."""
 
     token_ids: torch.Tensor  # (N,) sorted, unique
     weight: torch.Tensor  # (N, H) rows of the output embedding

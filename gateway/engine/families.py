@@ -30,7 +30,7 @@ PROBE_TOKENS = 40  # the probe's sequence: two prefill chunks, then steps of one
 TOLERANCE = 1e-3  # the probe's largest logit difference, relative to the largest logit
 
 
-def check_servable(model: Any, kwarg: str) -> None:
+def check_servable(model: Any) -> None:
     """Raise UnsupportedModel, with the reason, unless `model` can be served exactly: its
     attention layout is one the masks serve, and its family is CHECKED or passes `probe`."""
     kind = getattr(model.config, "model_type", None)
@@ -38,7 +38,7 @@ def check_servable(model: Any, kwarg: str) -> None:
     if kind in CHECKED:
         return
     try:
-        worst = probe(model, kwarg)
+        worst = probe(model)
     except Exception as exc:
         raise UnsupportedModel(
             f"{kind}: not a family this engine was checked for, and its forward on the "
@@ -56,7 +56,7 @@ def check_servable(model: Any, kwarg: str) -> None:
     )  # fmt: skip
 
 
-def probe(model: Any, kwarg: str) -> float:
+def probe(model: Any) -> float:
     """The largest difference, relative to the largest logit, between the model's own
     forward over a sequence (no cache) and the engine's batch forward building the same
     sequence on a slot cache: two rows of different lengths, prefilled in two chunks, then

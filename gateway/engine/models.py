@@ -80,7 +80,7 @@ def wrap_model(
     drafts among those token ids only (see draft_head.py). Raises UnsupportedModel for a
     model the engine cannot serve exactly (families.py)."""
     model.eval()
-    check_servable(model, cache_kwarg(model))  # raises UnsupportedModel, with the reason
+    check_servable(model)  # raises UnsupportedModel, with the reason
     param = next(model.parameters())
     return LoadedModel(
         model=model,

@@ -30,7 +30,7 @@ from gateway.engine import (
 from gateway.serving.cost_store import CostStore, cost_key
 from gateway.serving.errors import GatewayError
 from gateway.speed import load_fast
-from gateway.speed.fast import compiled_of
+from gateway.speed.fast import compiled_of, lean_of
 from gateway.speed.warmup import CompileOptions, compiled_model
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
 
@@ -82,7 +82,6 @@ class ModelPool:
     ) -> None:
         o = options or PoolOptions()
         self.manifest = manifest
-        self.options = o
         self.device = o.device
         self.dtype = o.dtype
         self._run = runner
@@ -187,6 +186,9 @@ class ModelPool:
         `batch_buffers`, so the count must match)."""
         inductor, graphs = self._fast(model)
         if not (inductor or graphs) or self.compile_rows is None:
+            return model
+        if lean_of(model) is None:  # a backend's model, or a family without a lean decoder
+            log.info("%s v%s runs eager: nothing of it to compile", entry.name, entry.version)
             return model
         if self._started:
             log.warning(

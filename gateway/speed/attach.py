@@ -1,6 +1,6 @@
 """Where speed attaches to a loaded model: the one place that gives a core LoadedModel
 (gateway/engine/models.py) its faster forms, the lean decoder (lean.py) and the CPU
-linear form (cpu_linear.py); compiled steps are added on top by compiled.py
+linear form (cpu_linear.py); compiled steps are added on top by warmup.py
 `compiled_model`. The core never imports this package."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gateway.engine.batch.forward import model_facts
+from gateway.engine.batch.forward import model_layout
 from gateway.engine.batch.slots import SlotCache
 from gateway.speed.kinds import HEAD_SHARE, INDUCTOR, KINDS, MAX_PREFILL, MAX_TOKENS, kind
 from gateway.speed.lean import Attend, Family, Joined, attention_extra, block
@@ -80,13 +80,13 @@ class CompiledForwards:
     contiguous: bool = False
     """Whether the step's several-token kinds read the rows' keys and values as one view of
     the slot buffers (`_layer`): the rows must then be slots lo, lo + 1, ... in order
-    (batch/forward.py `contiguous_rows` arranges them, with filler rows in the gaps)."""
+    (steps.py `contiguous_rows` arranges them, with filler rows in the gaps)."""
     prefill_all: bool = False
     """Whether this target step (every position) serves prefill chunks too (`serves`):
     set where its output head is small against its layers (`cheap_head`)."""
     outer_head: Callable[[torch.Tensor], torch.Tensor] | None = None
     """A target's output head (its forward), where the step's several-token kinds leave it
-    to the caller (batch/forward.py): they return the final norm's output, and the caller
+    to the caller (steps.py): they return the final norm's output, and the caller
     multiplies the positions it keeps, every one of a verify step's, each row's last of a
     prefill chunk's. Why: inside the graph a chunk would compute the head at every position,
     a sixth of its products on the demo target (the head is 2.1M of its 12.3M weights a
@@ -133,9 +133,9 @@ class CompiledForwards:
     def __call__(
         self, inputs: torch.Tensor, span: torch.Tensor, base: torch.Tensor, cache: SlotCache
     ) -> torch.Tensor:
-        """inputs: (6, B, T), batch/forward.py `step_layout`; span: arange(S), S the key
+        """inputs: (6, B, T), steps.py `step_layout`; span: arange(S), S the key
         span (batch/forward.py `span_keys`); base: a tensor of lo + 2 elements, lo the first
-        row's slot (batch/forward.py `slot_base`; read by a `contiguous` step only)."""
+        row's slot (steps.py `slot_base`; read by a `contiguous` step only)."""
         keys, values = cache.buffers()
         return self.step(inputs, span, base, keys, values)
 
@@ -144,7 +144,7 @@ class CompiledForwards:
 class StepForm:
     """What one compiled step is built for, fixed when it is made (`compile_forwards`):
     the lean decoder, the use (`keep_last`, a draft's `head`), the model's sliding window
-    and dtype (batch/forward.py `model_facts`), whether several-token kinds read the rows'
+    and dtype (`model_facts`), whether several-token kinds read the rows'
     keys as one view (`contiguous`, see `_layer`) and leave the output head to the caller
     (`head_outside`, `CompiledForwards.outer_head`)."""
 
@@ -168,7 +168,7 @@ def _step_of(form: StepForm) -> Callable[..., torch.Tensor]:
         keys: list[torch.Tensor], values: list[torch.Tensor],
     ) -> torch.Tensor:  # fmt: skip
         """The lean decoder's layers as one function of tensors. inputs: (6, B, T)
-        integers, batch/forward.py `step_layout` (token ids, position ids, write positions,
+        integers, steps.py `step_layout` (token ids, position ids, write positions,
         the last key each query sees; each row's slot and kept position, repeated along the
         row): ONE input tensor, unpacked here, and the attention mask built here from it
         (inductor fuses it into the attention), which saves the Python and dispatch of
@@ -341,6 +341,17 @@ def compile_forwards(
     device = next(lean.model.parameters()).device
     graphs = GraphedSteps(fn, graph_rows, MAX_TOKENS, device)
     return CompiledForwards(fn, keep_last, head, KINDS, graphs, prefill_all=prefill_all)
+
+
+def model_facts(model: Any) -> tuple[int | None, torch.dtype]:
+    """A model whose layers all attend alike: its sliding window (None: full attention)
+    and float dtype. Raises ValueError for a model whose layers differ, or attend in
+    chunks (one mask cannot serve it)."""
+    facts = model_layout(model)
+    layout, dtype = facts.layout, facts.dtype
+    if layout.uniform not in ("full_attention", "sliding_attention"):
+        raise ValueError("the layers attend in several ways: no one mask serves them")
+    return layout.uniform_window, dtype
 
 
 def cheap_head(model: Any) -> bool:

@@ -26,8 +26,8 @@ reduction measured faster on CPU than both the library call and torch's own line
 (inductor's decompose_mm_pass takes one-row products, but not a large output head).
 
 Whether it pays depends on the CPU and its BLAS: on some CPUs it makes verify steps
-cheaper, on others (e.g. with AMX under MKL) it makes decoding slower. So `load_model`
-measures by default (`weight_major_pays`), once per process and model shape, and patches
+cheaper, on others (e.g. with AMX under MKL) it makes decoding slower. So `accelerate`
+(attach.py) measures by default (`weight_major_pays`), once per process and model shape, and patches
 only where it is faster. What it times is the products themselves: the model's own weights,
 each in turn as a step reads them, multiplied in both forms by inputs of a decode step's, a
 verify step's and a batch step's rows (PROBE_ROWS). It does not time the model's eager

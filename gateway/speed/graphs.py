@@ -142,7 +142,7 @@ class GraphedSteps:
         self, cache: SlotCache, slots: list[int], tokens: list[list[int]], starts: list[int],
         rows: int, width: int,
     ) -> torch.Tensor:  # fmt: skip
-        """The step's (6, rows, width) input: batch/forward.py's `step_layout` (token ids,
+        """The step's (6, rows, width) input: steps.py's `step_layout` (token ids,
         position ids, write positions, last key seen, slot and kept position); real rows
         padded with filler tokens, then filler rows (see the module's docstring)."""
         grid = step_layout(tokens, starts, slots, width)

@@ -327,7 +327,7 @@ def build_decoder(model: Any) -> LeanDecoder | None:
 def unchecked_decoder(model: Any) -> LeanDecoder | None:
     """A LeanDecoder for `model` when its family is one of FAMILIES, before the check of its
     logits (`LeanDecoder.checked`): for a loader that settles the model's linear forward on
-    the decoder's joined projections first (models.py `wrap_model`). None otherwise, with
+    the decoder's joined projections first (attach.py `accelerate`). None otherwise, with
     the reason logged."""
     kind = getattr(model.config, "model_type", None)
     if kind not in FAMILIES:

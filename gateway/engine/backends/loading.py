@@ -1,7 +1,8 @@
 """Which backend loads a model: the dispatch the model pool calls (serving/models.py), by the
 manifest entry's `backend` (models_registry.manifest BACKENDS).
 
-- None or "torch": a directory of safetensors through transformers (models.load_model).
+- None or "torch": a directory of safetensors through transformers (models.load_model;
+  the serving pool loads those through gateway/speed's `load_fast`).
 - "llama.cpp": one GGUF file through llama.cpp (backends/llamacpp.py), on the CPU, with as
   many threads as torch has (the worker sets them: GATEWAY_TORCH_THREADS); its tokenizer is
   the Hugging Face tokenizer in the file's folder. llama_cpp is imported only here, so a
@@ -21,21 +22,14 @@ from gateway.engine.models import LoadedModel, load_model
 INSTALL = "pip install -e '.[llamacpp]' (builds llama-cpp-python from its sdist)"
 
 
-def load(
-    path: str | Path,
-    backend: str | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-    draft_vocab: bool = True,
-    cpu_linear: bool | None = None,
-    compiled: bool = False,
-) -> LoadedModel:
+def load(path: str | Path, backend: str | None = None, device: str | None = None) -> LoadedModel:
     """The model at `path` on its backend. For llama.cpp, `device` must be the CPU or unset
-    and `dtype`, `draft_vocab`, `cpu_linear` and `compiled` do not apply (the GGUF's own
-    types serve; its KV cache is f16). Raises UnsupportedModel where the backend cannot
-    serve it (unknown backend, no llama_cpp, a device it does not run on)."""
+    (the GGUF's own types serve; its KV cache is f16; nothing of gateway/speed applies).
+    Raises UnsupportedModel where the backend cannot serve it (unknown backend, no
+    llama_cpp, a device it does not run on). Torch models load through gateway/speed's
+    `load_fast` instead (serving/models.py), which this core module cannot import."""
     if backend in (None, "torch"):
-        return load_model(path, device, dtype, draft_vocab)
+        return load_model(path, device)
     if backend != "llama.cpp":
         raise UnsupportedModel(f"unknown backend {backend!r} (torch, llama.cpp)")
     if device is not None and torch.device(device).type != "cpu":

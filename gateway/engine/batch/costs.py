@@ -18,8 +18,7 @@ loop streams them. The batch measures that time too (`observe_overhead`: the sec
 one decoding step's start to the next one's, less the forwards it ran), per row bucket and
 by whether the step drafted, and the cost model counts it in every step (`overhead`,
 `verify_costs`): without it a standard step looks cheaper against a speculative one than
-it is, since a speculative step pays it once for several tokens. Measured on the compiled
-demo target through HTTP it was about a third of a one-row standard step.
+it is, since a speculative step pays it once for several tokens.
 
 Noise: a forward of more tokens never costs less than one of fewer, so `seconds` reads the
 measured points as a non-decreasing curve (each point at most every later one). A probe

@@ -101,8 +101,8 @@ class DraftBatch:
             return
         t0 = time.perf_counter()
         # No logits are needed: the backbone only; with a reduced head, its logits all the
-        # same (one small product on the last position), so that a short chunk runs the
-        # compiled drafting step, which is built with the head inside.
+        # same (one small product on the last position), so that a faster forward built
+        # with the head inside (gateway/speed) can take a short chunk.
         head = self.draft.draft_head
         slots = [self.members[id(p)].slot for p, _ in fits]
         step = Step(self.cache, slots, [ids for _, ids in fits], True, head is None, head)

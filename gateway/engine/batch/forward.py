@@ -262,17 +262,6 @@ def _read_facts(model: Any) -> ModelFacts:
     )
 
 
-def model_facts(model: Any) -> tuple[int | None, torch.dtype]:
-    """A model whose layers all attend alike: its sliding window (None: full attention)
-    and float dtype. Raises ValueError for a model whose layers differ, or attend in
-    chunks (one mask cannot serve it)."""
-    facts = model_layout(model)
-    layout, dtype = facts.layout, facts.dtype
-    if layout.uniform not in ("full_attention", "sliding_attention"):
-        raise ValueError("the layers attend in several ways: no one mask serves them")
-    return layout.uniform_window, dtype
-
-
 def _float_dtype(model: Any) -> torch.dtype:
     dtype = getattr(model, "dtype", torch.float32)
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32

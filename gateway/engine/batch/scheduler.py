@@ -127,8 +127,8 @@ class Batch:
 
     def _leave(self, row: Row) -> None:
         """The row's slot goes back; the row in the highest slot moves into it, so that the
-        rows keep slots 0..n-1, which a compiled verify step reads as one view without
-        filler rows (batch/forward.py `contiguous_rows`; compiled.py `_layer`)."""
+        rows keep slots 0..n-1, which a faster forward may read as one view of the slot
+        buffers without filler rows (gateway/speed)."""
         self.rows.remove(row)
         freed = row.slot
         scope, tokens = row.cfg.cache_scope, row.ctx[: self.cache.length[freed]]

@@ -1,7 +1,9 @@
 """The proposers by name: what a request's `proposer` names, built for it.
 
-A new proposer is one module in this folder (the two verbs of base.py) and one entry here:
-the engine looks its name up and calls the builder; nothing else names it.
+A new proposer is one module in this folder (the two verbs of base.py) and one entry here,
+which the engine looks up by name; the names a request, a policy and an audit record may
+carry are listed where each is validated (engine/schema.py, the HTTP schemas, the audit
+types).
 """
 
 from __future__ import annotations

@@ -160,9 +160,8 @@ class RolloutAdmin:
             )
         base = self.pool.manifest
         try:
-            entry = await asyncio.to_thread(
-                registry.register, base, path, name, version, role, target  # type: ignore[arg-type]
-            )  # fmt: skip
+            new = registry.NewVersion(name, version, role, target)  # type: ignore[arg-type]
+            entry = await asyncio.to_thread(registry.register, base, path, new)
             self.pool.manifest.with_entry(entry)  # validate before the row is written
         except IncompatibleDraft as exc:
             raise invalid(f"incompatible draft: {exc}", "path", "incompatible_draft") from None

@@ -40,5 +40,5 @@ async def test_a_pinned_forward_keeps_no_verdict(
     monkeypatch.setattr(cpu_linear, "_verdict_file", tmp_path / "earlier.json")  # another start's
     async with sqlite_gateway(tiny_manifest, tmp_path, cpu_linear="off") as gw:
         assert (await gw.complete(max_tokens=2)).status_code == 200
-        assert cpu_linear._verdict_file is None  # a later load_model(cpu_linear=None) keeps none
+        assert cpu_linear._verdict_file is None  # a later load_fast(cpu_linear=None) keeps none
     assert not (tmp_path / "linear-verdicts.json").exists()

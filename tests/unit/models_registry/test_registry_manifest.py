@@ -12,6 +12,7 @@ from models_registry.errors import IncompatibleDraft, IntegrityError, ManifestEr
 from models_registry.manifest import (
     Manifest,
     ModelEntry,
+    NewVersion,
     dump_manifest,
     load_manifest,
     register,
@@ -207,7 +208,9 @@ def test_first_difference_none_when_equal() -> None:
 def test_register_target_then_draft_and_round_trip(make_model: MakeModel, tmp_path: Path) -> None:
     manifest = Manifest(entries=(), root=tmp_path / "models")
     target_dir = make_model("t", layers=2, hidden=8)
-    target = register(manifest, target_dir, "code-target", "1", "target", tokenizer="bpe-10")
+    target = register(
+        manifest, target_dir, NewVersion("code-target", "1", "target", tokenizer="bpe-10")
+    )
     assert target.sha256 == sha(target_dir / "model.safetensors")
     assert target.parameters == 10 * 8 + 2 * (16 * 8)  # from the safetensors header
     assert (target.architecture, target.layers, target.hidden, target.dtype) == (
@@ -218,7 +221,9 @@ def test_register_target_then_draft_and_round_trip(make_model: MakeModel, tmp_pa
     )
     manifest = manifest.with_entry(target)
 
-    draft = register(manifest, make_model("d", seed=3), "code-draft", "1", "draft", "code-target")
+    draft = register(
+        manifest, make_model("d", seed=3), NewVersion("code-draft", "1", "draft", "code-target")
+    )
     assert (draft.version, draft.target, draft.tokenizer) == ("1", "code-target", "bpe-10")
     manifest = manifest.with_entry(draft)
     path = tmp_path / "models" / "manifest.yaml"
@@ -226,23 +231,23 @@ def test_register_target_then_draft_and_round_trip(make_model: MakeModel, tmp_pa
     assert "path: d\n" in path.read_text()  # written relative to the manifest's folder
     assert load_manifest(path) == manifest
     with pytest.raises(ManifestError, match="already registered"):
-        register(manifest, target_dir, "code-target", "1", "target")
+        register(manifest, target_dir, NewVersion("code-target", "1", "target"))
 
 
 def test_register_rejects_incompatible_or_orphan_draft(
     make_model: MakeModel, tmp_path: Path
 ) -> None:
-    target = register(Manifest((), tmp_path), make_model("t"), "t", "1", "target")
+    target = register(Manifest((), tmp_path), make_model("t"), NewVersion("t", "1", "target"))
     manifest = Manifest((target,), tmp_path)
     other = make_model("other", vocab=[*BASE_VOCAB[:-1], "z"])
     with pytest.raises(IncompatibleDraft, match="'y'"):
-        register(manifest, other, "d", "1", "draft", "t")
+        register(manifest, other, NewVersion("d", "1", "draft", "t"))
     with pytest.raises(ManifestError, match="must name its target"):
-        register(manifest, make_model("d"), "d", "1", "draft")
+        register(manifest, make_model("d"), NewVersion("d", "1", "draft"))
     with pytest.raises(ModelNotFound):
-        register(manifest, make_model("d2"), "d", "1", "draft", "no-such-target")
+        register(manifest, make_model("d2"), NewVersion("d", "1", "draft", "no-such-target"))
     with pytest.raises(ModelNotFound):
-        register(manifest, tmp_path / "nowhere", "d", "1", "draft", "t")
+        register(manifest, tmp_path / "nowhere", NewVersion("d", "1", "draft", "t"))
 
 
 def test_parameter_count_matches_a_saved_transformers_model(tmp_path: Path) -> None:
@@ -261,7 +266,7 @@ def test_parameter_count_matches_a_saved_transformers_model(tmp_path: Path) -> N
     model = LlamaForCausalLM(cfg)
     folder = write_model(tmp_path / "hf")  # tokenizer files; weights replaced below
     model.half().save_pretrained(folder, safe_serialization=True)
-    entry = register(Manifest((), tmp_path), folder, "hf", "1", "target")
+    entry = register(Manifest((), tmp_path), folder, NewVersion("hf", "1", "target"))
     assert entry.parameters == sum(p.numel() for p in model.parameters())
     assert (entry.architecture, entry.layers, entry.hidden, entry.dtype) == (
         "LlamaForCausalLM",

@@ -131,7 +131,7 @@ def test_a_model_to_be_compiled_is_timed_on_the_compiled_steps_products(
     model_dirs, monkeypatch, pays: bool
 ) -> None:
     """With compiled=True the verdict times what the compiled step multiplies by: each
-    layer's joined q/k/v and gate/up (batch/decoder.py Joined), not the parts, and the head;
+    layer's joined q/k/v and gate/up (speed/lean.py Joined), not the parts, and the head;
     where it pays, the joined layers get the weight-major forward with the model's."""
     from gateway.speed import attach as models
 

@@ -1,4 +1,4 @@
-"""The bucketed, captured batch step (engine/graphs.py).
+"""The bucketed, captured batch step (speed/graphs.py).
 
 On the CPU the bucketed step runs without capturing (the same padding, layout and in-graph
 mask a CUDA graph records); on CUDA the graphs are captured and replayed. Either way a

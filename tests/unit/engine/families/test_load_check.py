@@ -13,7 +13,6 @@ import transformers
 from gateway.engine import DecodeRequest, Engine, SamplingParams, UnsupportedModel
 from gateway.engine.batch import masks
 from gateway.engine.families import CHECKED, probe
-from gateway.engine.models import cache_kwarg
 from gateway.speed import wrap_fast
 from tests.support.batch import Job, drive
 
@@ -83,8 +82,8 @@ def test_the_probe_refuses_a_forward_that_ignores_the_window(monkeypatch) -> Non
         return real(masks.AttentionLayout((masks.FULL,) * len(layout.kinds)), *args, **kwargs)
 
     model = _tiny("Starcoder2Config", "Starcoder2ForCausalLM", sliding_window=WINDOW)
-    assert probe(model, cache_kwarg(model)) < 1e-4
+    assert probe(model) < 1e-4
     monkeypatch.setattr(forward, "layer_masks", no_window)
-    assert probe(model, cache_kwarg(model)) > 1e-2
+    assert probe(model) > 1e-2
     with pytest.raises(UnsupportedModel, match="differ from its own forward"):
         wrap_fast(model, tokenizer())
