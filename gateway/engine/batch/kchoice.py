@@ -34,7 +34,7 @@ from gateway.costmodel import expected_tokens
 from gateway.engine.batch.costs import ForwardCosts, row_bucket
 from gateway.engine.loop import LoopConfig
 from gateway.engine.models import LoadedModel
-from gateway.engine.proposers.draft_model import DraftModelProposer
+from gateway.engine.proposers.base import Proposer
 
 EXPLORE_EVERY = 16  # steps between two runs of a neighbouring k
 
@@ -116,8 +116,7 @@ def _draft_seconds(
     `one_forward` keeps the lookups of one step by (draft, rows)."""
     total = 0.0
     for key, (lm, costs) in drafts.items():
-        mine = [(c, kc) for c, kc in ks if isinstance(c.proposer, DraftModelProposer)
-                and c.proposer.draft is lm and kc > 0]  # fmt: skip
+        mine = [(c, kc) for c, kc in ks if kc > 0 and _draws_on(c.proposer, lm)]
         if not mine:
             continue
         depth = max(kc for _, kc in mine)
@@ -128,3 +127,9 @@ def _draft_seconds(
             one = max(c.policy.c for c, _ in mine if c.policy is not None) * standard_s
         total += depth * one
     return total
+
+
+def _draws_on(proposer: Proposer | None, lm: LoadedModel) -> bool:
+    """Whether `proposer` drafts in the shared forwards of draft model `lm`."""
+    shared = None if proposer is None else proposer.shared_draft()
+    return shared is not None and shared.draft is lm

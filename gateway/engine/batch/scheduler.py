@@ -56,7 +56,7 @@ from gateway.engine.loop import (
     settle_step,
 )
 from gateway.engine.models import LoadedModel
-from gateway.engine.proposers.base import Proposal
+from gateway.engine.proposers.base import Proposal, Proposer
 from gateway.engine.proposers.draft_model import DraftModelProposer
 
 __all__ = ["Batch", "Event", "Row"]
@@ -108,8 +108,8 @@ class Batch:
         row = Row(cfg, cancelled, slot, list(cfg.prompt_ids), prefilled=reused)
         cfg.stats.cached_prompt_tokens = reused
         self.rows.append(row)
-        p = cfg.proposer
-        if isinstance(p, DraftModelProposer):
+        p = _shared(cfg.proposer)
+        if p is not None:
             db = self.drafts.get(id(p.draft))
             if db is None:
                 self._drop_idle_drafts()
@@ -140,9 +140,9 @@ class Batch:
             last.slot, freed = freed, last.slot  # the old slot keeps a copy of its prefix
         self.cache.release(freed)
         self.prefixes.keep(freed, scope, tokens)
-        p = row.cfg.proposer
-        db = self.drafts.get(id(p.draft)) if isinstance(p, DraftModelProposer) else None
-        if db is not None and isinstance(p, DraftModelProposer):
+        p = _shared(row.cfg.proposer)
+        db = self.drafts.get(id(p.draft)) if p is not None else None
+        if db is not None and p is not None:
             # an idle draft keeps its cache for the next request that drafts with it
             # (zeroing a 16-slot cache again took ~30 ms a request on this CPU)
             db.leave(p, row.cfg.cache_scope)
@@ -237,9 +237,8 @@ class Batch:
         drafts: dict[int, list[tuple[DraftModelProposer, list[int]]]] = {}
         for row, chunk in group:
             self.cache.length[row.slot] = row.prefilled + len(chunk)
-            p = row.cfg.proposer
-            shared = isinstance(p, DraftModelProposer) and id(p.draft) in self.drafts
-            if shared and isinstance(p, DraftModelProposer) and p.fed == row.prefilled:
+            p = _shared(row.cfg.proposer)
+            if p is not None and id(p.draft) in self.drafts and p.fed == row.prefilled:
                 drafts.setdefault(id(p.draft), []).append((p, chunk))  # beside the target's
             row.prefilled += len(chunk)
             row.forwards += 1
@@ -262,8 +261,9 @@ class Batch:
             p = row.cfg.proposer
             if k == 0 or p is None:
                 continue
-            if isinstance(p, DraftModelProposer) and id(p.draft) in self.drafts:
-                shared.setdefault(id(p.draft), []).append(row)
+            d = p.shared_draft()
+            if d is not None and id(d.draft) in self.drafts:
+                shared.setdefault(id(d.draft), []).append(row)
                 continue
             t0 = time.perf_counter()
             try:
@@ -355,3 +355,9 @@ class Batch:
         out.append(finish_result(row.cfg, row.times, row.t_start, row.forwards, c))
         row.finished = True
         return out
+
+
+def _shared(p: Proposer | None) -> DraftModelProposer | None:
+    """The proposer as the batch drafts for it in its draft model's shared forwards, or None
+    (none, or one the batch asks to `propose`)."""
+    return None if p is None else p.shared_draft()

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from gateway.engine.proposers.draft_model import DraftModelProposer
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,12 @@ class Proposer(Protocol):
 
     def on_verified(self, n_accepted: int) -> None:
         """How many of the last proposal's tokens the verifier kept."""
+        ...
+
+    def shared_draft(self) -> DraftModelProposer | None:
+        """How a continuous batch drafts for it: as a draft model's proposer, whose forwards
+        the batch runs for all the rows drafting with that model together (one shared set
+        of draft slots per model, batch/drafting.py); None: the batch calls `propose`."""
         ...
 
 

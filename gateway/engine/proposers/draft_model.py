@@ -57,6 +57,10 @@ class DraftModelProposer:
 
     name = "draft"
 
+    def shared_draft(self) -> DraftModelProposer:
+        """A batch drafts for it in its draft model's shared forwards (base.py)."""
+        return self
+
     def __init__(
         self,
         draft: LoadedModel,

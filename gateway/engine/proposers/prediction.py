@@ -17,6 +17,10 @@ from gateway.engine.proposers.base import Proposal
 class PredictionProposer:
     name = "prediction"
 
+    def shared_draft(self) -> None:
+        """Model-free: the batch calls `propose` (base.py)."""
+        return None
+
     def __init__(self, prediction_ids: Sequence[int], prompt_len: int, realign_ngram: int = 3):
         self._pred = list(prediction_ids)
         self._prompt_len = prompt_len

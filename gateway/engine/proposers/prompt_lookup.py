@@ -17,6 +17,10 @@ class PromptLookupProposer:
 
     name = "prompt_lookup"
 
+    def shared_draft(self) -> None:
+        """Model-free: the batch calls `propose` (base.py)."""
+        return None
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self._sizes = range(max_ngram, min_ngram - 1, -1)
         # _index[n][ngram] = position right after the most recent indexed occurrence

@@ -223,6 +223,10 @@ class SuffixProposer:
 
     name = "suffix"
 
+    def shared_draft(self) -> None:
+        """Model-free: the batch calls `propose` (base.py)."""
+        return None
+
     def __init__(self, shared: SuffixIndex | None = None, params: SuffixParams | None = None):
         self._shared = shared
         self._local = SuffixIndex(None, params)
