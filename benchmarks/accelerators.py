@@ -57,21 +57,22 @@ CODE = {
 }
 
 
+DEMO = ROOT / "models_registry" / "demo" / "demo-code-target-v1"
+
+
 def _demo() -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = ROOT / "models_registry" / "demo" / "demo-code-target-v1"
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-    return wrap_model(model.requires_grad_(False), tok, str(path))
+    tok = AutoTokenizer.from_pretrained(str(DEMO), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(DEMO), local_files_only=True)
+    return wrap_model(model.requires_grad_(False), tok, str(DEMO))
 
 
 def _realistic() -> LoadedModel:
     """Qwen2.5-0.5B's shapes (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864, vocabulary
-    151936, tied head), 4 layers, random weights."""
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    from benchmarks._pairs import random_pair
+    151936, tied head), 4 layers, random weights; the demo tokenizer stands in (the steps
+    feed ids below its vocabulary)."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     cfg = Qwen2Config(
@@ -80,8 +81,7 @@ def _realistic() -> LoadedModel:
         tie_word_embeddings=True, rope_theta=1e6,
     )  # fmt: skip
     model = Qwen2ForCausalLM(cfg).eval().requires_grad_(False)
-    tok = random_pair().target.tokenizer
-    assert isinstance(tok, PreTrainedTokenizerFast)
+    tok = AutoTokenizer.from_pretrained(str(DEMO), local_files_only=True)
     return wrap_model(model, tok, "qwen2.5-0.5b-shape-4-layers")
 
 

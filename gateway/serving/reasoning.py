@@ -205,20 +205,15 @@ def _analysis_tokens(ids: list[int], c: Channels) -> int:
 
 
 @dataclass
-class ReasoningReader:
-    """Splits an output into reasoning and content events (see the module docstring)."""
+class _Splitter:
+    """What both readers share: the text held back, the two texts so far, and the events
+    of one `feed` (consecutive text of one kind joined)."""
 
-    inside: bool = False
-    state: str = "open"  # open | think | gap | answer
     buf: str = ""
     reasoning: str = ""
     content: str = ""
-    thought: bool = False  # the output began with (or in) thinking
+    thought: bool = False
     _events: list[Event] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.inside:
-            self.state, self.thought = "think", True
 
     def feed(self, text: str) -> list[Event]:
         self.buf += text
@@ -226,6 +221,35 @@ class ReasoningReader:
         while self.buf and self._step():
             pass
         return self._events
+
+    def _step(self) -> bool:
+        """Consume what can be decided from the buffer; False when it must wait for more."""
+        raise NotImplementedError
+
+    def _emit(self, kind: str, text: str) -> None:
+        if not text:
+            return
+        if kind == "reasoning":
+            self.reasoning += text
+        else:
+            self.content += text
+        if self._events and self._events[-1][0] == kind:
+            self._events[-1] = (kind, self._events[-1][1] + text)
+        else:
+            self._events.append((kind, text))
+
+
+@dataclass
+class ReasoningReader(_Splitter):
+    """Splits an output into reasoning and content events (see the module docstring)."""
+
+    inside: bool = False
+    state: str = "open"  # open | think | gap | answer
+    # thought: the output began with (or in) thinking
+
+    def __post_init__(self) -> None:
+        if self.inside:
+            self.state, self.thought = "think", True
 
     def finish(self) -> list[Event]:
         """Flush what was held back (an output cut short)."""
@@ -266,18 +290,6 @@ class ReasoningReader:
         self.buf = ""
         return False
 
-    def _emit(self, kind: str, text: str) -> None:
-        if not text:
-            return
-        if kind == "reasoning":
-            self.reasoning += text
-        else:
-            self.content += text
-        if self._events and self._events[-1][0] == kind:
-            self._events[-1] = (kind, self._events[-1][1] + text)
-        else:
-            self._events.append((kind, text))
-
 
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL = re.compile(re.escape(H_CHANNEL) + r"\s*([^\s<]+)")
@@ -285,25 +297,14 @@ _ENDS = (H_END, H_CALL, H_RETURN)
 
 
 @dataclass
-class ChannelReader:
+class ChannelReader(_Splitter):
     """Splits a harmony output (its markers written in) into reasoning and content events
     (see the module docstring). States: between (messages), header (up to ``<|message|>``)
     and body (up to ``<|end|>``, or a marker that opens another message)."""
 
     state: str = "between"
-    buf: str = ""
     kind: str = "content"  # what the current body is: reasoning or content
-    reasoning: str = ""
-    content: str = ""
-    thought: bool = False  # an analysis message was written
-    _events: list[Event] = field(default_factory=list)
-
-    def feed(self, text: str) -> list[Event]:
-        self.buf += text
-        self._events = []
-        while self.buf and self._step():
-            pass
-        return self._events
+    # thought: an analysis message was written
 
     def finish(self) -> list[Event]:
         """Flush what was held back (an output cut short)."""
@@ -356,18 +357,6 @@ class ChannelReader:
             self._emit("content", head)
         else:
             self.kind = "content"
-
-    def _emit(self, kind: str, text: str) -> None:
-        if not text:
-            return
-        if kind == "reasoning":
-            self.reasoning += text
-        else:
-            self.content += text
-        if self._events and self._events[-1][0] == kind:
-            self._events[-1] = (kind, self._events[-1][1] + text)
-        else:
-            self._events.append((kind, text))
 
 
 def split(text: str, reasoning: Reasoning | None) -> tuple[str | None, str]:

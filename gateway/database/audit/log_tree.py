@@ -29,7 +29,7 @@ def node_source(conn: Connection) -> merkle.NodeSource:
             by_level.setdefault(int(level), []).append(str(int(idx)))
         # Plain SQL over integers this code computed (never input), one IN list per level
         # (each an index range of the primary key): building the same query as SQLAlchemy
-        # expressions took most of a proof's time (~5 ms of ~6 at 1M leaves), and a
+        # expressions took most of a proof's time, and a
         # row-value IN over (level, idx) made SQLite scan the table.
         leaves = by_level.pop(0, None)
         if leaves:

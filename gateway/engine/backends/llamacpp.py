@@ -19,9 +19,8 @@ Each sequence has a KV stream of its own (llama.cpp's non-unified layout): a row
 and values sit in its stream's cells in position order whatever the other rows do, and
 attention runs over its own cells only. In one shared pool of cells (`kv_unified`) a
 row's cells land wherever cells are free, and the order its attention sums them in moves
-its logits (by up to 3.7e-3 at f32 weights and 0.1 at Q8_0 on the demo target, measured
-after another row's cells were freed before it): with streams of their own a row's logits
-are the same alone and beside any other rows (difference 0 measured). Their costs: a
+its logits (after another row's cells were freed before it): with streams of their own a
+row's logits are the same alone and beside any other rows (docs/backends.md). Their costs: a
 forward whose rows bring different numbers of tokens is decoded by llama.cpp in several
 passes (each pass an equal number per row), and a kept prefix moves between slots by
 copying the source's whole stream.
@@ -79,11 +78,11 @@ def _init() -> None:
     """Once per process, before any forward. ggml computes a product of quantized weights
     with other kernels when a forward holds several tokens than when it holds one: its
     tiled K-quant product from 8 rows on, and repacked weights (`load_gguf` repack) from 4.
-    Their logits are not the one-token kernels': on Q4_K_M a token's logits moved by up to
-    0.17 between a one-token forward and one of 9 or more, so a verify step (k + 1 tokens)
-    and a decode step (one) disagree and greedy speculative output parts from standard
-    beyond near ties. With both off every forward shape runs the same kernels (differences
-    of 0 measured on Q8_0 and Q4_K_M); the cost is some speed of multi-token forwards.
+    Their logits are not the one-token kernels': on quantized weights a token's logits
+    move between a one-token forward and a longer one, so a verify step (k + 1 tokens) and
+    a decode step (one) disagree and greedy speculative output parts from standard beyond
+    near ties. With both off every forward shape runs the same kernels (the tests of
+    tests/unit/engine/llamacpp/ check it); the cost is some speed of multi-token forwards.
     GGML_CPU_TILED_MM set in the environment is left as it is."""
     global _ready
     if not _ready:

@@ -20,9 +20,8 @@ def prefill_group(waiting: list[Row], chunk: int, budget: int) -> list[tuple[Row
 
     A row that prefills alone takes the rest of its prompt whole when that rest is at
     most a chunk and a quarter (`TAIL`) and within the budget: a forward's fixed cost
-    is large against a few tokens' (eager, demo target, 2 cores: about 6 ms plus 0.16
-    ms a token), so a 141-token prompt prefilled as 128 + 12 took 13.7 ms more than
-    its first chunk alone, and its first token came a step later. Alone, no other row
+    is large against a few tokens', so a prompt just over a chunk prefilled as two
+    forwards costs more than one, and its first token comes a step later. Alone, no other row
     is padded to its width, so a slot's pad still holds every filler."""
     group: list[tuple[Row, list[int]]] = []
     width = 0  # the first row's chunk: the others feed at most as many tokens

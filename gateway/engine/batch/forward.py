@@ -14,6 +14,7 @@ not take runs here.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import weakref
@@ -46,12 +47,13 @@ class Step:
     backbone: bool = False
     head: DraftHead | None = None
 
-    @property
+    @functools.cached_property
     def starts(self) -> list[int]:
-        """Each row's first write position (its slot's committed length)."""
+        """Each row's first write position (its slot's committed length when the step is
+        first asked: a step is made for one forward, right before it)."""
         return [self.cache.length[s] for s in self.slots]
 
-    @property
+    @functools.cached_property
     def span(self) -> int:
         """The key span of the step: the furthest position any row writes, plus one."""
         return max(st + len(x) for st, x in zip(self.starts, self.tokens, strict=True))
@@ -230,7 +232,7 @@ def _to(
 @dataclass(frozen=True)
 class ModelFacts:
     """What a step needs to know of a model, read once (a model's `dtype` walks its
-    parameters, ~10 us a call)."""
+    parameters on every call)."""
 
     layout: AttentionLayout  # masks.py
     dtype: torch.dtype  # its float dtype

@@ -25,12 +25,35 @@ message of its own. `ChannelsFirst` is the same idea over that frame (its docstr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from gateway.engine.constraints.base import Grammar
+
+Entry = TypeVar("Entry", bound=tuple[Any, ...])
+
+
+def _undo(
+    log: list[Entry], n: int, inner: Grammar | None, fed: Callable[[Entry], int]
+) -> Entry | None:
+    """Drop the last ``n`` entries of a wrapper grammar's per-token log (each: its state
+    before the token, and what it fed the inner grammar, read by ``fed``) and roll the inner
+    grammar back by what they fed it; the first entry dropped (the state to return to), or
+    None for n == 0."""
+    if n < 0 or n > len(log):
+        raise ValueError(f"cannot roll back {n} of {len(log)} tokens")
+    if n == 0:
+        return None
+    undone = log[-n:]
+    del log[-n:]
+    back = sum(fed(entry) for entry in undone)
+    if back and inner is not None:
+        inner.rollback(back)
+    return undone[0]
+
 
 OPEN, THINK, GAP, ANSWER = "open", "think", "gap", "answer"
 
@@ -99,16 +122,9 @@ class ThinkingFirst:
         self._log.append((phase, thought, to_inner))
 
     def rollback(self, n: int) -> None:
-        if n < 0 or n > len(self._log):
-            raise ValueError(f"cannot roll back {n} of {len(self._log)} tokens")
-        if n == 0:
-            return
-        undone = self._log[-n:]
-        del self._log[-n:]
-        inner = sum(1 for _, _, to_inner in undone if to_inner)
-        if inner and self.inner is not None:
-            self.inner.rollback(inner)
-        self.phase, self.thought, _ = undone[0]
+        first = _undo(self._log, n, self.inner, lambda entry: int(entry[2]))
+        if first is not None:
+            self.phase, self.thought, _ = first
 
     def is_complete(self) -> bool:
         if self.phase == THINK:
@@ -274,18 +290,11 @@ class ChannelsFirst:
         return len(tokens)
 
     def rollback(self, n: int) -> None:
-        if n < 0 or n > len(self._log):
-            raise ValueError(f"cannot roll back {n} of {len(self._log)} tokens")
-        if n == 0:
-            return
-        undone = self._log[-n:]
-        del self._log[-n:]
-        fed = sum(entry[-1] for entry in undone)
-        if fed and self.inner is not None:
-            self.inner.rollback(fed)
-        (self.phase, opened, self.analysis_live, self.answer_live, self.forced, self.pos,
-         self.thought, _) = undone[0]  # fmt: skip
-        del self.opened[opened:]
+        first = _undo(self._log, n, self.inner, lambda entry: int(entry[-1]))
+        if first is not None:
+            (self.phase, opened, self.analysis_live, self.answer_live, self.forced, self.pos,
+             self.thought, _) = first  # fmt: skip
+            del self.opened[opened:]
 
     def is_complete(self) -> bool:
         if self.phase != ANSWER:

@@ -110,15 +110,21 @@ async def test_negative_control_tokenizing_on_the_loop_blocks_the_probe(
     assert probe.p99 >= HEALTH_P99_S, probe.latencies
 
 
-def test_tokenize_needs_a_tenant_key_and_is_metered(server: Server) -> None:
-    tenant = "tokenize-metered"
-    httpx.post(f"{server.url}/admin/tenants", json={"id": tenant, "name": "T"}, headers=ADMIN)
+def two_a_minute(server: Server, tenant: str) -> str:
+    """A new tenant allowed two requests a minute, and its key."""
+    httpx.post(f"{server.url}/admin/tenants", json={"id": tenant, "name": tenant}, headers=ADMIN)
     doc = {"rate_limits": {"requests_per_minute": 2}}
     r = httpx.put(f"{server.url}/admin/policies/tenants/{tenant}", json=doc, headers=ADMIN)
     assert r.status_code == 200, r.text
-    key = httpx.post(
-        f"{server.url}/admin/tenants/{tenant}/keys", json={"role": "tenant"}, headers=ADMIN
-    ).json()["key"]
+    return str(
+        httpx.post(
+            f"{server.url}/admin/tenants/{tenant}/keys", json={"role": "tenant"}, headers=ADMIN
+        ).json()["key"]
+    )
+
+
+def test_tokenize_needs_a_tenant_key_and_is_metered(server: Server) -> None:
+    key = two_a_minute(server, "tokenize-metered")
     body = {"model": MODEL, "prompt": "def add"}
     r = httpx.post(f"{server.url}/tokenize", json=body, headers=ADMIN)
     assert error_of(r, 403)["code"] == "forbidden"  # was 200: any key, unmetered
@@ -137,14 +143,7 @@ def test_a_tenant_over_its_request_rate_is_refused_before_tokenizing(server: Ser
     outside the vocabulary) gets the 429, not that 400. Negative control: another tenant,
     and this one before its window filled, get the 400 (the old order: tokenize, then the
     rate limit)."""
-    tenant = "over-rate"
-    httpx.post(f"{server.url}/admin/tenants", json={"id": tenant, "name": "O"}, headers=ADMIN)
-    doc = {"rate_limits": {"requests_per_minute": 2}}
-    r = httpx.put(f"{server.url}/admin/policies/tenants/{tenant}", json=doc, headers=ADMIN)
-    assert r.status_code == 200, r.text
-    key = httpx.post(
-        f"{server.url}/admin/tenants/{tenant}/keys", json={"role": "tenant"}, headers=ADMIN
-    ).json()["key"]
+    key = two_a_minute(server, "over-rate")
     h = {"authorization": f"Bearer {key}"}
     url = f"{server.url}/v1/completions"
     bad = {"model": MODEL, "prompt": [10**6], "max_tokens": 1}  # not a token id

@@ -219,19 +219,7 @@ def test_draft_rows_share_every_draft_forward_and_draft_what_they_draft_alone(
     engine = Engine(llama_lm)
     solo = [engine.run(j.req, j.draft) for j in draft_jobs(draft)]
     batch = engine.batch(8)
-    rows, results, step = {}, {}, 0
-    jobs = draft_jobs(draft)
-    while len(results) < len(jobs):
-        for i, job in enumerate(jobs):
-            if job.join_at == step:
-                rows[id(batch.add(engine.prepare(job.req, job.draft)))] = i
-        for row, events in batch.step():
-            for e in events:
-                assert not isinstance(e, Exception), e
-                if isinstance(e, Finished):
-                    results[rows[id(row)]] = e.result
-        step += 1
-    got = [results[i] for i in range(len(jobs))]
+    got = drive(batch, engine, draft_jobs(draft))
     for a, b in zip(solo, got, strict=True):
         assert b.token_ids == a.token_ids
         assert (b.stats.drafted, b.stats.accepted) == (a.stats.drafted, a.stats.accepted)
