@@ -5,7 +5,7 @@ Leaf package: torch + transformers only (no tenants, HTTP, database or YAML).
 
 from gateway.engine.backends.loading import load as load_backend
 from gateway.engine.batch.costs import ForwardCosts
-from gateway.engine.batch.scheduler import Batch, Event, Row
+from gateway.engine.batch.scheduler import Batch, Event, Parked, Row
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK
 from gateway.engine.constraints import Grammar, TokenSequencesGrammar
 from gateway.engine.detok import IncrementalDetokenizer
@@ -62,6 +62,7 @@ __all__ = [
     "InvalidRequest",
     "KPrior",
     "LoadedModel",
+    "Parked",
     "PromptTooLong",
     "Proposal",
     "Proposer",

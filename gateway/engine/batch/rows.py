@@ -1,5 +1,6 @@
 """A batch's rows: one request inside a batch (`Row`), what a step hands back for it
-(`Event`), and the mark a decoding step leaves for the next one's overhead (`StepMark`)."""
+(`Event`), a row taken out of its batch to go on later (`Parked`), and the mark a decoding
+step leaves for the next one's overhead (`StepMark`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway.engine.batch.slots import Saved
 from gateway.engine.loop import LoopConfig, RowTimes
 from gateway.engine.schema import Delta, Finished
 
@@ -33,6 +35,19 @@ class Row:
     def prefilling(self) -> bool:
         """Prompt tokens (all but the last) not yet in the slot."""
         return self.prefilled < len(self.cfg.prompt_ids) - 1
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A row out of its batch (scheduler.py `Batch.park`): its request's state, and its
+    committed keys and values outside the slot buffers until `Batch.resume`."""
+
+    row: Row
+    saved: Saved
+
+    @property
+    def nbytes(self) -> int:
+        return self.saved.nbytes
 
 
 @dataclass(frozen=True)

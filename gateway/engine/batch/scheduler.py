@@ -32,7 +32,7 @@ tests/unit/engine/test_batch.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
@@ -43,7 +43,7 @@ from gateway.engine.batch.drafting import DraftBatch
 from gateway.engine.batch.forward import Step, batched_forward
 from gateway.engine.batch.kchoice import choose_batch_k, explore_offset
 from gateway.engine.batch.prefix import PrefixCache
-from gateway.engine.batch.rows import Event, Row, StepMark, failed
+from gateway.engine.batch.rows import Event, Parked, Row, StepMark, failed
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK, slot_pad
 from gateway.engine.loop import (
     NO_PROPOSAL,
@@ -59,7 +59,7 @@ from gateway.engine.models import LoadedModel
 from gateway.engine.proposers.base import Proposal, Proposer
 from gateway.engine.proposers.draft_model import DraftModelProposer
 
-__all__ = ["Batch", "Event", "Row"]
+__all__ = ["Batch", "Event", "Parked", "Row"]
 
 
 class Batch:
@@ -108,16 +108,49 @@ class Batch:
         row = Row(cfg, cancelled, slot, list(cfg.prompt_ids), prefilled=reused)
         cfg.stats.cached_prompt_tokens = reused
         self.rows.append(row)
-        p = _shared(cfg.proposer)
-        if p is not None:
-            db = self.drafts.get(id(p.draft))
-            if db is None:
-                self._drop_idle_drafts()
-                costs = self.costs.setdefault(id(p.draft), ForwardCosts())
-                db = DraftBatch(p.draft, self.max_rows, self.pad, costs)
-                self.drafts[id(p.draft)] = db
-            db.join(p, cfg.cache_scope, cfg.prompt_ids)
+        self._join_draft(row, cfg.prompt_ids)
         return row
+
+    def park(self, row: Row) -> Parked:
+        """Take an unfinished row out of the batch between steps with its request's state
+        and a copy of its committed keys and values; its slot serves another row at once,
+        and `resume` puts it back bit for bit (serving/fairness.py: preemption of a tenant
+        over its share of the rows). Its draft slot is left, its prefix kept; what is not
+        lent back at `resume` is fed to the draft again (speed, never output)."""
+        if row not in self.rows or row.finished:
+            raise ValueError("only a row of this batch that has not finished can be parked")
+        saved = self.cache.save(row.slot)
+        self._vacate(row, keep=False)
+        return Parked(row, saved)
+
+    def resume(self, parked: Parked) -> Row:
+        """A parked row back into a free slot; raises IndexError when every slot is taken."""
+        row = parked.row
+        if row.cfg.target is not self.target:
+            raise ValueError("a parked row resumes on its own target")
+        slot, _ = self.prefixes.take(None, ())
+        try:
+            self.cache.restore(slot, parked.saved)
+        except BaseException:
+            self.cache.release(slot)
+            raise
+        row.slot = slot
+        self.rows.append(row)
+        self._join_draft(row, row.ctx)
+        return row
+
+    def _join_draft(self, row: Row, prompt: Sequence[int]) -> None:
+        """A row drafting with a draft model takes a slot of its shared draft cache."""
+        p = _shared(row.cfg.proposer)
+        if p is None:
+            return
+        db = self.drafts.get(id(p.draft))
+        if db is None:
+            self._drop_idle_drafts()
+            costs = self.costs.setdefault(id(p.draft), ForwardCosts())
+            db = DraftBatch(p.draft, self.max_rows, self.pad, costs)
+            self.drafts[id(p.draft)] = db
+        db.join(p, row.cfg.cache_scope, prompt)
 
     def cancel(self, row: Row) -> None:
         """Drop a row now (no more events for it); its slot is free for the next arrival."""
@@ -126,12 +159,16 @@ class Batch:
             self._leave(row)
 
     def _leave(self, row: Row) -> None:
-        """The row's slot goes back; the row in the highest slot moves into it, so that the
-        rows keep slots 0..n-1, which a faster forward may read as one view of the slot
-        buffers without filler rows (gateway/speed)."""
+        self._vacate(row, keep=True)
+
+    def _vacate(self, row: Row, keep: bool) -> None:
+        """The row leaves: its slot goes back (a kept prefix when ``keep``); the row in the
+        highest slot moves into it, so that the rows keep slots 0..n-1, which a faster
+        forward may read as one view of the slot buffers (gateway/speed)."""
         self.rows.remove(row)
         freed = row.slot
-        scope, tokens = row.cfg.cache_scope, row.ctx[: self.cache.length[freed]]
+        scope = row.cfg.cache_scope if keep else None
+        tokens = row.ctx[: self.cache.length[freed]]
         last = max(self.rows, key=lambda r: r.slot, default=None)
         if last is not None and last.slot > freed:
             self.prefixes.leaving(freed, scope, tokens)  # the move overwrites it

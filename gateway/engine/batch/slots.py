@@ -17,6 +17,7 @@ a layout that a faster forward built for fixed buffer sizes can follow too (gate
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -35,6 +36,20 @@ def slot_pad(prefill_chunk: int = PREFILL_CHUNK) -> int:
     under the default chunk's, so that a smaller chunk keeps the buffers' shape (which a
     faster forward may be built for, gateway/speed)."""
     return max(MAX_K + 1, prefill_chunk, PREFILL_CHUNK)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One slot's committed keys and values, per layer (kv_heads, length, head_dim), outside
+    the buffers (`SlotCache.save`, `restore`)."""
+
+    length: int
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
 class SlotLayer(CacheLayerMixin):
@@ -140,6 +155,31 @@ class SlotCache(Cache):
     def release(self, slot: int) -> None:
         self.length[slot] = 0
         self.free.append(slot)
+
+    def save(self, slot: int) -> Saved:
+        """A copy of slot's committed keys and values (positions 0..length-1), taken out of
+        the buffers: what a parked row keeps while another takes its slot."""
+        n = self.length[slot]
+        if n == 0 or not self.allocated:
+            return Saved(n, [], [])
+        keys, values = self.buffers()
+        with torch.inference_mode():
+            return Saved(n, [k[slot, :, :n].clone() for k in keys],
+                         [v[slot, :, :n].clone() for v in values])  # fmt: skip
+
+    def restore(self, slot: int, saved: Saved) -> None:
+        """Put a saved copy into `slot` (a taken one), bit for bit, and set its length."""
+        if saved.length and not saved.keys:
+            raise RuntimeError("a saved slot's keys and values are missing")
+        if saved.keys:
+            if not self.allocated:
+                raise RuntimeError("cannot restore a slot into a cache no forward has built")
+            keys, values = self.buffers()
+            with torch.inference_mode():
+                for buffer, part in zip((*keys, *values), (*saved.keys, *saved.values),
+                                        strict=True):  # fmt: skip
+                    buffer[slot, :, : saved.length] = part
+        self.length[slot] = saved.length
 
     @property
     def allocated(self) -> bool:
