@@ -126,6 +126,13 @@ class Settings:
     requests; on a GPU a step of many rows costs about what one costs, so holding rows back
     would only waste it. ``auto``: on, unless the models run on CUDA. ``true``/``false`` mean
     on/off."""
+    preempt: bool = True
+    """When a tenant's job waits for a full batch while it holds fewer rows than its weighted
+    share and another tenant holds more than its own, that tenant's newest row is parked (its
+    keys and values copied out of the batch, at most one batch's worth) and resumes, exactly
+    where it stopped, in its tenant's turn (see [fair sharing](batching-and-speed.md#fair-sharing)).
+    So a tenant alone uses the whole batch and an arrival never waits for a long request to
+    end. ``false``: a row keeps its slot until its request ends."""
     torch_threads: int | None = None
     """CPU threads of the inference thread's torch kernels. Unset: the physical cores less one
     (at least one), so that the event loop keeps a core (see [where torch

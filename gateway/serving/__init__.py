@@ -147,6 +147,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
         prefill_chunk=settings.prefill_chunk,
         prefill_budget=settings.prefill_budget,
         fair_steps=_fair_steps(settings),
+        preempt=settings.preempt,
     )
     worker = InferenceWorker(
         options, on_start=lambda: init_torch_thread(settings.torch_threads or serving_threads())

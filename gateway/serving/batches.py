@@ -1,13 +1,14 @@
-"""The continuous batch of each target engine on the inference thread, and which job
-each row belongs to (serving/worker.py steps them every round)."""
+"""The continuous batch of each target engine on the inference thread, which job each row
+belongs to (serving/worker.py steps them every round), and the rows a tenant over its
+share gives up to an arriving one (preemption: serving/fairness.py)."""
 
 from __future__ import annotations
 
 import time
 
 from gateway.engine import PREFILL_BUDGET, PREFILL_CHUNK, Batch, Engine, Event, Row
-from gateway.serving.fairness import StepPacer
-from gateway.serving.jobs import Job
+from gateway.serving.fairness import Share, StepPacer
+from gateway.serving.jobs import Decode, Job
 
 
 class Batches:
@@ -23,6 +24,7 @@ class Batches:
         self.prefill_budget = prefill_budget
         self._batches: dict[int, Batch] = {}  # id(engine) -> engine.batch(max_rows)
         self._jobs: dict[int, Job] = {}  # id(row) -> its job
+        self._parked: dict[int, int] = {}  # id(engine) -> its batch's rows parked now
 
     @property
     def rows(self) -> int:
@@ -41,8 +43,8 @@ class Batches:
         return batch is None or batch.free > 0
 
     def add(self, job: Job) -> int:
-        """The job's row joins its engine's batch; returns the prompt tokens it will
-        prefill (those a kept prefix does not already hold)."""
+        """The job's row joins its engine's batch (a parked job's row resumes); returns the
+        prompt tokens it will prefill (those a kept prefix does not already hold)."""
         d = job.decode
         assert d is not None
         batch = self._batches.get(id(d.engine))
@@ -50,9 +52,63 @@ class Batches:
             rows = self.rows_of(job)
             batch = d.engine.batch(rows, self.prefill_chunk, self.prefill_budget)
             self._batches[id(d.engine)] = batch
+        if job.parked is not None:
+            parked, job.parked = job.parked, None
+            self.unpark(d)
+            row = batch.resume(parked)
+            self._jobs[id(row)] = job
+            return 0
         row = batch.add(d.engine.prepare(d.request, d.draft), job.cancelled.is_set)
         self._jobs[id(row)] = job
         return len(row.cfg.prompt_ids) - row.prefilled
+
+    def preemptible(self, job: Job) -> Row | None:
+        """The row to park so that ``job`` takes its slot now, or None: its batch is full,
+        its tenant holds fewer rows than its weighted share of the batch (the batch's rows
+        x its weight over the weights of the tenants holding rows and its own) and another
+        tenant holds more than its own share; that tenant's newest row (the one furthest
+        past its share first). Parked rows of a batch are at most as many as its rows, so
+        their keys and values are at most one more batch's worth."""
+        d = job.decode
+        batch = None if d is None else self._batches.get(id(d.engine))
+        if d is None or batch is None or batch.free > 0:
+            return None
+        if self._parked.get(id(d.engine), 0) >= batch.max_rows:
+            return None
+        held: dict[str, list[Row]] = {}
+        shares: dict[str, Share] = {job.share.tenant: job.share}
+        for row in batch.rows:
+            s = self._jobs[id(row)].share
+            held.setdefault(s.tenant, []).append(row)
+            shares.setdefault(s.tenant, s)
+        weights = sum(s.weight for s in shares.values())
+
+        def fair(t: str) -> float:
+            return batch.max_rows * shares[t].weight / weights
+
+        me = job.share.tenant
+        if len(held.get(me, ())) + 1 > fair(me):
+            return None
+        over = [t for t in held if t != me and len(held[t]) > fair(t)]
+        if not over:
+            return None
+        return held[max(over, key=lambda t: len(held[t]) - fair(t))][-1]
+
+    def park(self, row: Row) -> Job:
+        """Take ``row`` out of its batch (engine `Batch.park`); its job, holding what it
+        needs to resume, is returned to go back to the fair queue."""
+        job = self._jobs.pop(id(row))
+        assert job.decode is not None
+        job.parked = self._batches[id(job.decode.engine)].park(row)
+        job.fair_wait = True
+        key = id(job.decode.engine)
+        self._parked[key] = self._parked.get(key, 0) + 1
+        return job
+
+    def unpark(self, decode: Decode) -> None:
+        """A parked job of this decode's engine resumed or was dropped (cancelled)."""
+        key = id(decode.engine)
+        self._parked[key] = max(0, self._parked.get(key, 0) - 1)
 
     def step(self, pacer: StepPacer | None = None) -> list[tuple[Job, list[Event]]]:
         """One step of every batch. With a ``pacer`` (serving/fairness.py `StepPacer`), the

@@ -4,11 +4,10 @@ One tenant's requests, inside its limits, must not slow, starve or stop another'
 mechanisms, each bounded by the tenant's policy (`fairness` in its document):
 
 - **Caps.** A tenant holds at most `max_concurrent_requests` requests in flight
-  (`RequestSlots`, a 429 past it), `max_rows` rows of the batches and `max_queued` jobs
-  waiting for a row (`FairQueue`, a 503 to that tenant past it; by default the whole
-  queue, which the share-aware refusals below keep open to the others). The default row cap leaves
-  at least one row of a full batch to the others, so an arrival of another tenant never waits
-  for a long request to end.
+  (`RequestSlots`, a 429 past it), `max_rows` rows of the batches (by default the whole
+  batch: preemption below gives an arriving tenant its share) and `max_queued` jobs waiting
+  for a row (`FairQueue`, a 503 to that tenant past it; by default the whole queue, which
+  the share-aware refusals below keep open to the others).
 - **Fair admission (VTC).** When a row frees, it goes to the backlogged tenant with the
   fewest virtual tokens served (the Virtual Token Counter of Sheng et al., "Fairness in
   Serving Large Language Models", OSDI 2024): each tenant's counter grows by its weighted
@@ -19,6 +18,16 @@ mechanisms, each bounded by the tenant's policy (`fairness` in its document):
   what one admission adds before the other is picked again: one request row's weighted
   tokens (prompt + 2 x max_tokens) over its weight, the paper's bound with one row per
   admission.
+- **Preemption** (serving/batches.py `Batches.preemptible`). When a job waits in its turn
+  and its batch is full, its tenant holds fewer rows of the batch than its weighted share
+  (the batch's rows x its weight over the weights of the tenants holding rows and its own)
+  and another tenant holds more than its share, that tenant's newest row is parked (engine
+  `Batch.park`: its keys and values copied out of the slot) and the job takes the slot. The
+  parked job waits at the front of its tenant's queue (`requeue`) and resumes, bit for bit
+  where it stopped, in its tenant's turn when a row frees. An arrival never waits for a long
+  request to end, and a tenant alone uses the whole batch. Parked keys and values are at
+  most one batch's worth (a tenant parks only while another holds rows past its share);
+  its record says it waited for fairness.
 - **Fair steps** (`StepPacer`). A row holds its slot until its request ends, so admission
   alone cannot keep a long request's rows from slowing another tenant's: on a CPU a step
   costs about in proportion to its rows and their contexts. So each batch step's time is
@@ -43,7 +52,6 @@ both under one lock.
 from __future__ import annotations
 
 import collections
-import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -91,9 +99,8 @@ def share_of(tenant: str, fairness: Fairness) -> Share:
 
 
 def default_max_rows(max_batch: int) -> int:
-    """Three quarters of a batch, and at least one row fewer than all of it (one row when
-    the batch has one or two)."""
-    return max(1, min(max_batch - 1, math.ceil(max_batch * 3 / 4)))
+    """The whole batch: preemption gives another tenant its share when it arrives."""
+    return max(1, max_batch)
 
 
 class Waiting(Protocol):
@@ -103,6 +110,9 @@ class Waiting(Protocol):
     submitted_ns: int
     cancelled: threading.Event
     fair_wait: bool
+    parked: Any
+    """Not None: a running job whose row was parked to make room for another tenant's; it
+    waits at the front of its tenant's queue to resume."""
 
 
 class FairQueue:
@@ -117,7 +127,8 @@ class FairQueue:
         self._served: dict[str, float] = collections.defaultdict(float)
         self._running: dict[str, int] = collections.defaultdict(int)
         self._floor = 0.0  # the counter of the last tenant to go idle
-        self.waiting = 0
+        self.waiting = 0  # jobs waiting for a first row
+        self.parked = 0  # parked jobs waiting to resume (first in their tenants' queues)
 
     # -- event-loop side ----------------------------------------------------------------
 
@@ -129,10 +140,11 @@ class FairQueue:
         with self._lock:
             queue = self._queues.setdefault(t, collections.deque())
             cap = share.max_queued or self.default_queued
-            if len(queue) >= cap:
+            queued = self._queued(t)
+            if queued >= cap:
                 raise Overloaded(
                     self.waiting,
-                    detail=f"tenant {t} already has {len(queue)} jobs waiting for the "
+                    detail=f"tenant {t} already has {queued} jobs waiting for the "
                     f"inference worker, its cap ({cap}); retry shortly",
                 )
             evicted = None
@@ -147,20 +159,31 @@ class FairQueue:
     def _evict_for(self, tenant: str) -> Any:
         """The newest job of the tenant most past its equal share, or Overloaded when
         `tenant` is itself at its share (or nobody is past theirs)."""
-        backlogged = {u for u, q in self._queues.items() if q} | {tenant}
+        backlogged = {u for u in self._queues if self._queued(u)} | {tenant}
         share = self.capacity / len(backlogged)
-        mine = len(self._queues[tenant])
-        over = max(
-            (u for u in backlogged if u != tenant),
-            key=lambda u: len(self._queues[u]),
-            default=None,
-        )
-        if mine >= share or over is None or len(self._queues[over]) <= share:
+        mine = self._queued(tenant)
+        over = max((u for u in backlogged if u != tenant), key=self._queued, default=None)
+        if mine >= share or over is None or self._queued(over) <= share:
             raise Overloaded(self.waiting)
         self.waiting -= 1
-        evicted = self._queues[over].pop()
+        evicted = self._queues[over].pop()  # the newest: parked jobs are at the front
         self._idle_check(over)
         return evicted
+
+    def _queued(self, tenant: str) -> int:
+        """The tenant's jobs waiting for a first row (its parked ones not counted)."""
+        return sum(1 for j in self._queues.get(tenant, ()) if j.parked is None)
+
+    def requeue(self, job: Waiting) -> None:
+        """A running job whose row was parked (serving/batches.py `Batches.park`) goes to
+        the front of its tenant's queue: it resumes before the tenant's new jobs, in the
+        tenant's turn. It counts against neither the queue's capacity nor the tenant's
+        ``max_queued``, and is never evicted."""
+        with self._lock:
+            t = job.share.tenant
+            self._queues.setdefault(t, collections.deque()).appendleft(job)
+            self._running[t] -= 1
+            self.parked += 1
 
     def _lift(self, tenant: str) -> None:
         """A tenant starting to wait after idling: no credit banked while idle. Lifted to
@@ -187,7 +210,8 @@ class FairQueue:
     ) -> tuple[Any | None, list[Any]]:
         """The next job to admit, and the cancelled jobs dropped from the queue. The next
         job is the head of the backlogged tenant with the fewest virtual tokens served
-        (ties: the older head) that is under its row cap and ``fits`` (its batch has room).
+        (ties: the older head) that is under its row cap and ``fits`` (its batch has room,
+        or a row it may take by preemption).
         ``batch_rows(job)``: the rows of the job's batch, which the default cap is taken
         from (default: the worker's max_batch)."""
         with self._lock:
@@ -209,7 +233,7 @@ class FairQueue:
                     held.append(head)  # a row is free, but not for this tenant now
                     continue
                 self._queues[t].popleft()
-                self.waiting -= 1
+                self._count_out(head)
                 self._running[t] += 1
                 for other in held:
                     other.fair_wait = True
@@ -230,8 +254,15 @@ class FairQueue:
                 dropped += [j for j in q if j.cancelled.is_set()]
                 self._queues[t] = kept
                 self._idle_check(t)
-        self.waiting -= len(dropped)
+        for job in dropped:
+            self._count_out(job)
         return dropped
+
+    def _count_out(self, job: Waiting) -> None:
+        if job.parked is None:
+            self.waiting -= 1
+        else:
+            self.parked -= 1
 
     def charge(self, share: Share, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
         """Tokens served to a tenant's row, weighted, over the tenant's weight."""

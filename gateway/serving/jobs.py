@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.engine import DecodeRequest, Engine, LoadedModel
+from gateway.engine import DecodeRequest, Engine, LoadedModel, Parked
 from gateway.serving.fairness import SYSTEM, Share
 
 DONE = object()  # a job's last item: no more events
@@ -39,7 +39,10 @@ class Job:
     """Whose job this is and what the tenant's policy grants it (serving/fairness.py)."""
     fair_wait: bool = False
     """Held back while a row was free so that another tenant's job ran first (or its tenant
-    held its row cap): the request's record says so."""
+    held its row cap, or its row was parked for another tenant's): its record says so."""
+    parked: Parked | None = None
+    """Its row, parked to make room for another tenant's (serving/batches.py), waiting in
+    the fair queue to resume."""
     out: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted_ns: int = field(default_factory=time.time_ns)

@@ -87,6 +87,9 @@ class WorkerOptions:
     prefill_budget: int = PREFILL_BUDGET
     fair_steps: bool = True
     """A tenant served past its share of a batch's time sits steps out (`StepPacer`)."""
+    preempt: bool = True
+    """A tenant past its share of a full batch's rows gives one up to an arriving tenant
+    (its row parked until it resumes in its turn: serving/fairness.py)."""
 
     def __post_init__(self) -> None:
         if self.prefill_chunk < 1:
@@ -110,6 +113,8 @@ class InferenceWorker:
         self.prefill_chunk = options.prefill_chunk
         self.prefill_budget = options.prefill_budget
         self.fair_steps = options.fair_steps
+        self.preempt = options.preempt
+        self.preemptions = 0  # rows parked for another tenant's job (worker thread)
         self.pacer = StepPacer()
         self.capacity = options.capacity
         self.max_active = options.max_active
@@ -154,7 +159,7 @@ class InferenceWorker:
     @property
     def depth(self) -> int:
         """Requests waiting plus running: the load the policy engine sees."""
-        return self.fair.waiting + self._active
+        return self.fair.waiting + self.fair.parked + self._active
 
     def submit(
         self, make: Callable[[Callable[[], bool]], Iterator[Any]], share: Share = SYSTEM
@@ -228,7 +233,8 @@ class InferenceWorker:
         while True:
             # 1. Take what arrived: calls run now (jobs are in the fair queue already). Block
             #    only when there is nothing to step.
-            idle = not active and not batches.rows and not self.fair.waiting and not stopping
+            pending = self.fair.waiting + self.fair.parked
+            idle = not active and not batches.rows and not pending and not stopping
             while True:
                 try:
                     item = self._inbox.get(block=idle)
@@ -243,7 +249,7 @@ class InferenceWorker:
             #    only those accepted).
             self._admit(active, batches)
             if not active and not batches.rows:
-                if stopping and not self.fair.waiting:
+                if stopping and not self.fair.waiting + self.fair.parked:
                     return
                 continue
             # 3. One step of every batch (all its rows together), then of every other job;
@@ -278,29 +284,37 @@ class InferenceWorker:
     def _admit(self, active: list[tuple[Job, Iterator[Any]]], batches: Batches) -> None:
         """Fill free slots from the fair queue (serving/fairness.py): the tenant with the
         fewest weighted tokens served first, skipping jobs whose batch is full (others may
-        still fit); jobs cancelled while waiting end without running."""
+        still fit) unless a tenant over its share gives a row up (preemption: its row is
+        parked and its job goes back to the queue); jobs cancelled while waiting end
+        without running."""
         out = Outbox()
+        full = False  # every active place is taken: only a preemption admits
 
         def fits(job: Job) -> bool:
-            return job.decode is None or batches.has_room(job.decode.engine)
+            if not full and (job.decode is None or batches.has_room(job.decode.engine)):
+                return True
+            return self.preempt and batches.preemptible(job) is not None
 
         while True:
-            job, dropped = (
-                self.fair.pick(fits, batches.rows_of)
-                if len(active) + batches.rows < self.max_active
-                else (None, self.fair.pick(lambda _: False)[1])
-            )
+            full = len(active) + batches.rows >= self.max_active
+            job, dropped = self.fair.pick(fits, batches.rows_of)
             for gone in dropped:
+                if gone.parked is not None and gone.decode is not None:
+                    gone.parked = None  # its keys and values go with it
+                    batches.unpark(gone.decode)
                 gone.finished_ns = time.time_ns()
                 out.add(gone, DONE)
             if job is None:
                 break
             with self._lock:
                 self._active += 1
-            job.admitted_ns = time.time_ns()
+            if job.admitted_ns is None:  # a parked job resuming keeps its first admission
+                job.admitted_ns = time.time_ns()
             try:
                 if job.decode is not None:
-                    # the prompt tokens it computes: a reused prefix costs nothing
+                    if not batches.has_room(job.decode.engine):
+                        self._park_for(job, batches)
+                    # the prompt tokens it computes: a reused prefix (or a resume) costs none
                     fresh = batches.add(job)
                     self.fair.charge(job.share, prompt_tokens=fresh)
                 else:
@@ -309,6 +323,18 @@ class InferenceWorker:
             except BaseException as exc:
                 self._finish(job, exc, out)
         out.flush()
+
+    def _park_for(self, job: Job, batches: Batches) -> None:
+        """Make room for ``job`` (picked because `fits` saw a row it may take): the row of
+        the tenant furthest past its share is parked and its job waits to resume."""
+        row = batches.preemptible(job)
+        if row is None:
+            raise RuntimeError("no row to preempt for a job admitted by preemption")
+        parked = batches.park(row)
+        with self._lock:
+            self._active -= 1
+        self.fair.requeue(parked)
+        self.preemptions += 1
 
     def _close(self, job: Job, steps: Iterator[Any], out: Outbox) -> None:
         close = getattr(steps, "close", None)

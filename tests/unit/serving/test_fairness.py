@@ -31,6 +31,7 @@ class J:
     submitted_ns: int = field(default_factory=lambda: next(_clock))
     cancelled: threading.Event = field(default_factory=threading.Event)
     fair_wait: bool = False
+    parked: Any = None
 
 
 class Fifo:
@@ -88,10 +89,10 @@ def test_an_arriving_tenant_gets_the_next_row(impl: Any, expected: bool) -> None
     assert victim_waits_for_a_hog_row(impl(32, 8)) is expected
 
 
-def test_the_row_cap_leaves_a_row_to_others() -> None:
+def test_the_row_cap_leaves_rows_to_others() -> None:
     q = FairQueue(32, 8)
-    assert default_max_rows(8) == 6 and default_max_rows(2) == 1 and default_max_rows(1) == 1
-    hog = Share("hog")  # the default cap
+    assert default_max_rows(8) == 8 and default_max_rows(1) == 1  # preemption makes room
+    hog = Share("hog", max_rows=6)  # a cap in the tenant's policy
     for _ in range(10):
         q.offer(J(hog))
     picked = [q.pick(lambda j: True)[0] for _ in range(8)]
@@ -116,14 +117,13 @@ def test_least_served_first_and_older_heads_marked() -> None:
 
 
 def test_the_default_cap_follows_the_jobs_batch() -> None:
-    """A batch cut to 2 rows (a KV budget) still leaves one row to the others."""
+    """A batch cut to 2 rows (a KV budget): the default cap is those 2 rows."""
     q = FairQueue(32, 8)
     hog = Share("hog")
     for _ in range(4):
         q.offer(J(hog))
-    first, _ = q.pick(lambda j: True, lambda j: 2)
-    second, _ = q.pick(lambda j: True, lambda j: 2)
-    assert first is not None and second is None
+    picked = [q.pick(lambda j: True, lambda j: 2)[0] for _ in range(3)]
+    assert picked[0] is not None and picked[1] is not None and picked[2] is None
 
 
 def test_an_arrival_into_an_idle_worker_is_lifted_to_the_last_to_leave() -> None:
