@@ -18,8 +18,10 @@ One gateway process on the demo models, default settings and default tenant poli
    fair share is half of it, about twice its latency alone at best. At half its alone rate
    the open-loop victim would ask for all of its share, and its queue would grow.);
 5. that victim beside the hog;
-6. the hog alone again, its policy granting it the whole batch (`max_rows: 8`): what the
-   default row cap costs a tenant that is alone.
+6. phase 5 again on a second gateway without preemption (`GATEWAY_PREEMPT=false`) and the
+   hog capped at 6 of the 8 rows (`max_rows: 6`), the gateway's fair sharing before
+   preemption: the control, side by side in one run;
+7. the hog alone on that second gateway: what a row cap costs a tenant that is alone.
 
 Throughout, /health is polled every 50 ms. Goals (issue 44): victim 100% success and p95
 latency <= 2x its p95 alone (each victim: phase 3 against 1, 5 against 4); /health p99 <
@@ -48,6 +50,7 @@ HOG_N = 8
 HOG_MAX_TOKENS = 1800
 VICTIM_MAX_TOKENS = 64
 OPEN_LOAD = 0.3  # the open-loop victim's rate: this share of what it completed alone
+CAPPED: dict[str, object] = {"fairness": {"max_rows": 6}}  # the control: the old default cap
 PROMPTS = [
     "def fibonacci(n):",
     "class Stack:\n    def __init__(self):",
@@ -228,13 +231,14 @@ async def _phase(
     return phase
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
 def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     seconds = 25.0 if quick else 60.0
     with gateway() as server:
         victim, hog = server.tenant("victim"), server.tenant("hog")
-        # The same hog given the whole batch (what the default row cap holds back from a
-        # tenant alone, so that another's arrival finds a row).
-        whole = server.tenant("hog-whole-batch", {"fairness": {"max_rows": 8}})
         # Warm the paths both tenants take (the first requests load and compile).
         asyncio.run(_phase(server, "warm", victim, hog, 8.0))
         phases = {
@@ -250,8 +254,16 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
                 _phase(server, "open_victim_alone", victim, None, seconds, rate)
             ),
             "open_both": asyncio.run(_phase(server, "open_both", victim, hog, seconds, rate)),
-            "hog_alone_whole_batch": asyncio.run(
-                _phase(server, "hog_alone_whole_batch", None, whole, seconds)
+        }
+    with gateway(GATEWAY_PREEMPT="false") as server:  # the control: a row cap instead
+        victim, hog = server.tenant("victim"), server.tenant("hog", CAPPED)
+        asyncio.run(_phase(server, "warm", victim, hog, 8.0))
+        phases |= {
+            "open_both_capped_no_preemption": asyncio.run(
+                _phase(server, "open_both_capped_no_preemption", victim, hog, seconds, rate)
+            ),
+            "hog_alone_capped_no_preemption": asyncio.run(
+                _phase(server, "hog_alone_capped_no_preemption", None, hog, seconds)
             ),
         }
     summary = {name: p.summary(seconds) for name, p in phases.items()}
@@ -264,11 +276,8 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     )
     ratio_tps = both["aggregate_tokens_per_s"] / max(hog_alone["aggregate_tokens_per_s"], 1e-9)
     o_alone, o_both = summary["open_victim_alone"], summary["open_both"]
-    open_p95 = (
-        o_both["victim_p95_s"] / o_alone["victim_p95_s"]
-        if o_both["victim_p95_s"] and o_alone["victim_p95_s"]
-        else None
-    )
+    open_p95 = _ratio(o_both["victim_p95_s"], o_alone["victim_p95_s"])
+    capped = summary["open_both_capped_no_preemption"]
     goals = {
         "victim_success_100pct": both["victim_success"] == 1.0 and o_both["victim_success"] == 1.0,
         "victim_p95_within_2x_alone": ratio_p95 is not None and ratio_p95 <= 2.0,
@@ -291,8 +300,11 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         "open_victim_rate_per_s": rate,
         "open_victim_p95_ratio": open_p95,
         "aggregate_ratio_to_hog_alone": ratio_tps,
-        "hog_alone_capped_over_whole_batch": hog_alone["aggregate_tokens_per_s"]
-        / max(summary["hog_alone_whole_batch"]["aggregate_tokens_per_s"], 1e-9),
+        "control_open_victim_p95_ratio": _ratio(capped["victim_p95_s"], o_alone["victim_p95_s"]),
+        "hog_alone_capped_over_whole_batch": summary["hog_alone_capped_no_preemption"][
+            "aggregate_tokens_per_s"
+        ]
+        / max(hog_alone["aggregate_tokens_per_s"], 1e-9),
         "health_p99_ms_worst_phase": health,
         "goals": goals,
     }
@@ -301,19 +313,24 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    rows = ["   phase          victim ok  victim p95 s  hog refused  tokens/s  /health p99 ms"]
+    head = "victim ok  victim p95 s  hog refused  tokens/s  /health p99 ms"
+    rows = [f"   {'phase':<30} {head}"]
     for name, s in result["phases"].items():
         ok = "-" if s["victim_success"] is None else f"{s['victim_success']:.0%}"
         p95 = "-" if s["victim_p95_s"] is None else f"{s['victim_p95_s']:.2f}"
         rows.append(
-            f"   {name:<14} {ok:>9}  {p95:>12}  {s['hog_refused']:>11}"
+            f"   {name:<30} {ok:>9}  {p95:>12}  {s['hog_refused']:>11}"
             f"  {s['aggregate_tokens_per_s']:>8.1f}  {s['health_p99_ms']:>14.1f}"
         )
     rows.append(f"   victim p95 both/alone: {result['victim_p95_ratio']}")
     rows.append(f"   open-loop victim p95 both/alone: {result['open_victim_p95_ratio']}")
     rows.append(f"   aggregate both/hog alone: {result['aggregate_ratio_to_hog_alone']:.3f}")
     rows.append(
-        "   hog alone, default row cap / whole batch: "
+        "   control (row cap, no preemption), open-loop victim p95 / alone: "
+        f"{result['control_open_victim_p95_ratio']}"
+    )
+    rows.append(
+        "   hog alone, capped at 6 rows / whole batch: "
         f"{result['hog_alone_capped_over_whole_batch']:.3f}"
     )
     rows.append(f"   goals: {json.dumps(result['goals'])}")

@@ -71,7 +71,7 @@ class Batches:
         their keys and values are at most one more batch's worth."""
         d = job.decode
         batch = None if d is None else self._batches.get(id(d.engine))
-        if d is None or batch is None or batch.free > 0:
+        if d is None or batch is None or batch.free > 0 or not batch.cache.parkable:
             return None
         if self._parked.get(id(d.engine), 0) >= batch.max_rows:
             return None

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 class BackendCache(SlotCache):
     """Slots whose keys and values a backend keeps (no torch buffers, no layers)."""
 
+    parkable = False  # `save`/`restore` of a slot: not for a backend's memory (yet)
+
     def __init__(self, slots: int, capacity: int, pad: int = 0) -> None:
         super().__init__(0, slots, capacity, pad)
 

@@ -110,6 +110,8 @@ class SlotCache(Cache):
     """`slots` rows of up to `capacity` tokens each, for `layers` attention layers, plus `pad`
     positions past the capacity where a padded row's filler tokens may land (never read)."""
 
+    parkable = True  # a slot can be saved out of the buffers and restored (`save`, `restore`)
+
     def __init__(self, layers: int, slots: int, capacity: int, pad: int = 0) -> None:
         self.slots = slots
         self.capacity = capacity
@@ -159,6 +161,8 @@ class SlotCache(Cache):
     def save(self, slot: int) -> Saved:
         """A copy of slot's committed keys and values (positions 0..length-1), taken out of
         the buffers: what a parked row keeps while another takes its slot."""
+        if not self.parkable:
+            raise NotImplementedError(f"{type(self).__name__} cannot save a slot")
         n = self.length[slot]
         if n == 0 or not self.allocated:
             return Saved(n, [], [])

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gateway.engine import DecodeRequest, Finished, SamplingParams
+from gateway.engine.batch.slots import SlotCache
 from gateway.serving.fairness import FairQueue, Overloaded, Share
 from tests.unit.serving.test_fairness import J
 from tests.unit.serving.test_worker import spied_engine, started
@@ -46,7 +47,7 @@ def test_a_parked_job_resumes_first_costs_no_queue_place_and_is_never_evicted() 
     assert q.parked == 0
 
 
-async def _run(tmp_path: Path, monkeypatch: Any, preempt: bool) -> dict[str, Any]:
+async def _run(tmp_path: Path, monkeypatch: Any, preempt: str) -> dict[str, Any]:
     engine = spied_engine(tmp_path, monkeypatch, lambda *_: None)
     eos = engine.target.model.config.eos_token_id
 
@@ -57,8 +58,10 @@ async def _run(tmp_path: Path, monkeypatch: Any, preempt: bool) -> dict[str, Any
     hogs = [request((5 + i, 6, 7), 240) for i in range(BATCH)]
     victims = [request((9, 10 + i, 11, 12), 16) for i in range(3)]
     worker = started(max_active=BATCH, max_batch=BATCH)
-    if not preempt:
+    if preempt == "off":
         monkeypatch.setattr(worker, "preempt", False)
+    if preempt == "unparkable":  # a backend whose memory cannot save a slot (llama.cpp's)
+        monkeypatch.setattr(SlotCache, "parkable", False)
     order: list[str] = []
     try:
         hog_jobs = [worker.submit_decode(engine, r, share=Share("hog")) for r in hogs]
@@ -88,12 +91,14 @@ async def _run(tmp_path: Path, monkeypatch: Any, preempt: bool) -> dict[str, Any
     }
 
 
-@pytest.mark.parametrize("preempt", [True, False], ids=["preempting", "control-no-preemption"])
+@pytest.mark.parametrize("preempt", ["on", "off", "unparkable"])
 async def test_an_arrival_takes_a_row_from_a_tenant_past_its_share(
-    tmp_path: Path, monkeypatch: Any, preempt: bool
+    tmp_path: Path, monkeypatch: Any, preempt: str
 ) -> None:
+    """``off`` is the negative control; ``unparkable``: a batch whose cache cannot save a
+    slot is never preempted (its rows keep their slots, as without preemption)."""
     seen = await _run(tmp_path, monkeypatch, preempt)
-    if preempt:
+    if preempt == "on":
         # the victim's share of 4 rows beside the hog is 2: two hog rows parked at once (a
         # parked row that resumes while a victim request waits may be parked again)
         assert seen["preemptions"] >= 2 and seen["hog_waited"] >= 2, seen
