@@ -36,7 +36,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         services = await build_services(settings, tracing)
-        metrics, live = Metrics(lambda: services.worker.depth, services.limiter.stats), LiveSeries()
+        worker = services.worker
+        metrics = Metrics(lambda: worker.depth, services.limiter.stats, worker)
+        live = LiveSeries()
         services.recorder.listeners += [metrics.observe, live.observe, log_request]
         app.state.services, app.state.metrics, app.state.live = services, metrics, live
         try:

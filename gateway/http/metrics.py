@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
@@ -58,11 +58,33 @@ class LimiterCollector(Collector):
             yield CounterMetricFamily(f"gateway_ratelimit_{name}", doc, getattr(self.stats, name))
 
 
+class WorkerCollector(Collector):
+    """The inference worker's preemptions (serving/fairness.py): rows parked for another
+    tenant's job so far, and parked jobs waiting to resume now."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+
+    def collect(self) -> Any:
+        yield CounterMetricFamily(
+            "gateway_preemptions", "Rows parked to give another tenant its share of a batch",
+            self.worker.preemptions,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "gateway_parked_requests", "Requests whose row is parked, waiting to resume",
+            self.worker.fair.parked,
+        )  # fmt: skip
+
+
 class Metrics:
-    def __init__(self, queue_depth: Callable[[], float], limiter_stats: Any = None) -> None:
+    def __init__(
+        self, queue_depth: Callable[[], float], limiter_stats: Any = None, worker: Any = None
+    ) -> None:
         self.registry = r = CollectorRegistry()
         if limiter_stats is not None:
             r.register(LimiterCollector(limiter_stats))
+        if worker is not None:
+            r.register(WorkerCollector(worker))
 
         def counter(name: str, doc: str, labels: list[str] = ARM) -> Counter:
             return Counter(name, doc, labels, registry=r)
