@@ -20,6 +20,7 @@ from gateway.engine.kpolicy import KPolicy
 from gateway.engine.models import LoadedModel, cache_kwarg, crop_cache, forward_logits
 from gateway.engine.output import OutputBuilder, token_logprobs
 from gateway.engine.proposers.base import Proposal, Proposer
+from gateway.engine.proposers.head import feature_layers
 from gateway.engine.sampling import LogitsShaper, argmax_rows
 from gateway.engine.schema import DecodeResult, Delta, Finished
 from gateway.engine.stats import DecodeStats
@@ -43,6 +44,20 @@ class TargetRunner:
         logits = forward_logits(self._model, self._kwarg, ids, self.cache, self._device, keep)
         self.forwards += 1
         return logits  # (t, V)
+
+    def forward_tapped(
+        self, ids: list[int], layers: tuple[int, ...], keep: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s logits and the hidden states after `layers` (0: the embeddings) at
+        every fed position, side by side: (len(ids), len(layers) x H)."""
+        x = torch.tensor([ids], dtype=torch.long, device=self._device)  # (1, t)
+        out = self._model(
+            input_ids=x, use_cache=True, logits_to_keep=keep, output_hidden_states=True,
+            **{self._kwarg: self.cache},
+        )  # fmt: skip
+        self.forwards += 1
+        feats = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)  # (t, taps H)
+        return out.logits[0], feats
 
     def crop(self, length: int) -> None:
         crop_cache(self.cache, length)
@@ -247,11 +262,18 @@ def decode(cfg: LoopConfig, cancelled: Callable[[], bool] | None) -> Iterator[De
     runner = TargetRunner(cfg.target)
     ctx = list(cfg.prompt_ids)
     times = RowTimes()
+    # A proposer that reads the target's hidden states (a feature head) gets those of
+    # every committed position: the prefill's, then each verify's first m + 1.
+    taps = feature_layers(cfg.proposer)
+    feats = None
     # 1. Prefill: cache every prompt token but the last.
     t0 = time.perf_counter()
     with torch.inference_mode():
-        if len(ctx) > 1:
+        if len(ctx) > 1 and taps is None:
             runner.forward(ctx[:-1], keep=1)
+        elif len(ctx) > 1 and taps is not None:
+            _, feats = runner.forward_tapped(ctx[:-1], taps, keep=1)
+            cfg.proposer.on_features(0, feats)  # type: ignore[union-attr]
     stats.prefill_s = time.perf_counter() - t0 if len(ctx) > 1 else 0.0
     while out.finish_reason is None:
         plan = plan_step(cfg, ctx, cancelled, times)  # 2-4
@@ -260,13 +282,18 @@ def decode(cfg: LoopConfig, cancelled: Callable[[], bool] | None) -> Iterator[De
         # 5. Verify: ONE target forward over [last] + draft -> n + 1 distributions.
         t0 = time.perf_counter()
         with torch.inference_mode():
-            logits = runner.forward([ctx[-1], *plan.draft])  # (n + 1, V)
+            if taps is None:
+                logits = runner.forward([ctx[-1], *plan.draft])  # (n + 1, V)
+            else:
+                logits, feats = runner.forward_tapped([ctx[-1], *plan.draft], taps)
         runner.decode_forwards += 1
         runner.decode_forward_s += time.perf_counter() - t0
         times.verify_s += time.perf_counter() - t0
         before = len(ctx)
         m = settle_step(cfg, ctx, plan, logits, times)  # 6-8
         runner.crop(before + m)  # 7. the cache: every committed token but the last
+        if taps is not None and feats is not None:  # positions before - 1 .. before - 1 + m
+            cfg.proposer.on_features(before - 1, feats[: m + 1])  # type: ignore[union-attr]
         # 9. Update c (draft step / target step) for the k policy; stream the delta.
         if cfg.policy is not None and cfg.proposer is not None:
             cfg.policy.observe_c(_measure_c(cfg, runner))

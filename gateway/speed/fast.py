@@ -26,9 +26,11 @@ class Accelerated:
 
     lean: LeanDecoder | None = None
     compiled: CompiledForwards | None = None
+    taps = True  # it fills a step's FeatureTap: the lean decoder runs such a step
 
     def __call__(self, model: Any, step: Step) -> list[torch.Tensor] | None:
-        if self.compiled is not None:
+        # A compiled step returns its logits only: a step with a tap runs lean (or eager).
+        if self.compiled is not None and step.tap is None:
             done = compiled_step(self.compiled, step, model_layout(model).device)
             if done is not None:
                 return done
@@ -38,9 +40,13 @@ class Accelerated:
         assert not isinstance(inputs.mask, dict)  # a lean decoder serves uniform layouts only
         keep = [len(x) - 1 for x in step.tokens] if step.keep_last else None
         hidden = step.backbone or step.head is not None
+        states: list[torch.Tensor] | None = None if step.tap is None else []
         out = self.lean(
-            inputs.ids, inputs.mask, inputs.position_ids, step.cache, keep=keep, backbone=hidden
-        )  # (B, T or 1, H or V)
+            inputs.ids, inputs.mask, inputs.position_ids, step.cache, keep=keep,
+            backbone=hidden, states=states,
+        )  # (B, T or 1, H or V)  # fmt: skip
+        if step.tap is not None and states is not None:
+            step.tap.fill(states, step)
         return finish(out, step)
 
     def slot_cache(self, layers: int, capacity: int) -> SlotCache | None:

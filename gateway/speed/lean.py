@@ -115,21 +115,28 @@ class LeanDecoder:
     def hidden(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None, kv: KeyValues,
+        states: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """(B, T, H) hidden states after the last layer (before the final norm). `kv(i, k,
         v)` stores layer i's new keys and values (B, kv_heads, T, D) and returns the keys and
         values the step attends to: the cache's update (here) or the compiled step's writes
-        into the slot buffers (speed/compiled.py)."""
+        into the slot buffers (speed/compiled.py). With `states`, every layer's input is
+        appended to it, then the final norm's output (as transformers' hidden_states list
+        them: a step's FeatureTap reads them)."""
         inner = self.inner
         h = inner.embed_tokens.forward(input_ids)  # (B, T, H)
         cos, sin = inner.rotary_emb.forward(h, position_ids)
         attend = Attend(cos, sin, attention_mask)
         for i, layer in enumerate(self._layers):
+            if states is not None:
+                states.append(h)
             h = block(
                 layer, self.family, h, attend,
                 lambda k, v, i=i: kv(i, k, v),  # type: ignore[misc]
                 self._extra[i],
             )  # fmt: skip
+        if states is not None:  # the last one after the final norm, as transformers'
+            states.append(inner.norm.forward(h))
         return h
 
     def head(self, h: torch.Tensor, backbone: bool) -> torch.Tensor:
@@ -145,12 +152,14 @@ class LeanDecoder:
         cache: Any,
         keep: list[int] | None = None,
         backbone: bool = False,
+        states: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """(B, T, V) logits; with `keep` (row r's position keep[r]), (B, 1, V); with
-        backbone, the final hidden states instead of logits."""
+        backbone, the final hidden states instead of logits; `states`: see `hidden`."""
         h = self.hidden(
-            input_ids, position_ids, attention_mask, lambda i, k, v: cache.update(k, v, i)
-        )
+            input_ids, position_ids, attention_mask, lambda i, k, v: cache.update(k, v, i),
+            states,
+        )  # fmt: skip
         if keep is not None:
             h = kept_rows(h, keep)
         out = self.head(h, backbone)

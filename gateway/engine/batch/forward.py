@@ -32,13 +32,41 @@ if TYPE_CHECKING:
     from gateway.engine.draft_head import DraftHead
 
 
+@dataclass
+class FeatureTap:
+    """A step's request for the model's hidden states at every fed position, after the
+    layers `layers` counts (0: the embeddings, i: after layer i), side by side: the forward
+    fills `rows`, row r's (len(tokens[r]), len(layers) x H). What a feature-conditioned
+    draft head reads (proposers/head.py); a step without a tap computes none of it."""
+
+    layers: tuple[int, ...]
+    rows: list[torch.Tensor] | None = None
+
+    def fill(self, states: list[torch.Tensor] | tuple[torch.Tensor, ...], step: Step) -> None:
+        """From the forward's hidden states ((B, T, H) each, index 0 the embeddings)."""
+        feats = torch.cat([states[i] for i in self.layers], dim=-1)  # (B, T, taps x H)
+        self.rows = [feats[r, : len(x)] for r, x in enumerate(step.tokens)]
+
+    def of(self, row: int, layers: tuple[int, ...]) -> torch.Tensor:
+        """Row `row`'s states after `layers` (a subset of the tap's), (t, len(layers) x H)."""
+        if self.rows is None:
+            raise RuntimeError("the forward did not fill its FeatureTap")
+        feats = self.rows[row]
+        if layers == self.layers:
+            return feats
+        width = feats.shape[-1] // len(self.layers)
+        cols = [self.layers.index(i) for i in layers]
+        return torch.cat([feats[:, c * width : (c + 1) * width] for c in cols], dim=-1)
+
+
 @dataclass(frozen=True)
 class Step:
     """One forward's rows: row r feeds `tokens[r]` into slot `slots[r]` of `cache`, from
     that slot's committed length on. What comes back: logits per row, (len(tokens[r]), V)
     each, or (1, V) of the last token with `keep_last`; with `backbone`, the last hidden
     states instead ((.., H), the output head skipped); with `head` (a draft's reduced
-    head, draft_head.py), the logits through that head."""
+    head, draft_head.py), the logits through that head. With `tap`, the forward also
+    fills the tap with the hidden states it asks for (FeatureTap)."""
 
     cache: SlotCache
     slots: list[int]
@@ -46,6 +74,7 @@ class Step:
     keep_last: bool = False
     backbone: bool = False
     head: DraftHead | None = None
+    tap: FeatureTap | None = None
 
     @functools.cached_property
     def starts(self) -> list[int]:
@@ -70,7 +99,8 @@ class FastForward(Protocol):
 
     def __call__(self, model: Any, step: Step) -> list[torch.Tensor] | None:
         """The step's output (as `batched_forward`'s), or None: a step it does not take,
-        which the model's own forward then runs."""
+        which the model's own forward then runs. A step with a tap (FeatureTap) comes
+        here only when the object says `taps = True`, and it must then fill the tap."""
         ...
 
     def slot_cache(self, layers: int, capacity: int) -> SlotCache | None:
@@ -100,6 +130,8 @@ def batched_forward(model: Any, step: Step, fast: FastForward | None = None) -> 
     if isinstance(cache, BackendCache):  # a backend keeps the KV (engine/backends/base.py)
         if step.head is not None:
             raise ValueError("a backend's model has no reduced drafting head")
+        if step.tap is not None:
+            raise ValueError("a backend's model hands back no hidden states")
         return cache.forward(step.slots, step.tokens, step.keep_last, logits=not step.backbone)
     t = max(len(x) for x in step.tokens)
     starts = step.starts
@@ -107,7 +139,7 @@ def batched_forward(model: Any, step: Step, fast: FastForward | None = None) -> 
         raise ValueError("a row would write past its slot's capacity")
     if max(starts) + t > cache.capacity + cache.pad:
         raise ValueError("a padded row would write past its slot's padding")
-    if fast is not None:
+    if fast is not None and (step.tap is None or getattr(fast, "taps", False)):
         done = fast(model, step)
         if done is not None:
             return done
@@ -120,8 +152,11 @@ def batched_forward(model: Any, step: Step, fast: FastForward | None = None) -> 
         attention_mask=inputs.mask,
         position_ids=inputs.position_ids,
         use_cache=True,
+        **({"output_hidden_states": True} if step.tap is not None else {}),
         **{layout.kwarg: cache},
     )
+    if step.tap is not None:
+        step.tap.fill(res.hidden_states, step)
     out = res.last_hidden_state if hidden else res.logits  # (B, T, H or V)
     if step.keep_last:
         out = torch.stack([out[r, len(x) - 1] for r, x in enumerate(step.tokens)])[:, None]

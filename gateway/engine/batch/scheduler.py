@@ -41,6 +41,7 @@ from gateway.engine.batch.chunks import prefill_group
 from gateway.engine.batch.costs import ForwardCosts
 from gateway.engine.batch.drafting import DraftBatch
 from gateway.engine.batch.forward import Step, batched_forward
+from gateway.engine.batch.head_drafting import hand_features, step_tap
 from gateway.engine.batch.kchoice import choose_batch_k, explore_offset
 from gateway.engine.batch.prefix import PrefixCache
 from gateway.engine.batch.rows import Event, Parked, Row, StepMark, failed
@@ -268,11 +269,13 @@ class Batch:
         group = prefill_group(waiting, self.prefill_chunk, self.prefill_budget)
         t0 = time.perf_counter()
         slots, chunks = [r.slot for r, _ in group], [c for _, c in group]
-        batched_forward(self.target.model, Step(self.cache, slots, chunks, keep_last=True),
-                        self.target.fast)  # fmt: skip
+        tap = step_tap(r.cfg for r, _ in group)  # hidden states for head rows
+        step = Step(self.cache, slots, chunks, keep_last=True, tap=tap)
+        batched_forward(self.target.model, step, self.target.fast)
         self.forwards += 1
         drafts: dict[int, list[tuple[DraftModelProposer, list[int]]]] = {}
-        for row, chunk in group:
+        for i, (row, chunk) in enumerate(group):
+            hand_features(row.cfg, tap, i, row.prefilled, len(chunk))
             self.cache.length[row.slot] = row.prefilled + len(chunk)
             p = _shared(row.cfg.proposer)
             if p is not None and id(p.draft) in self.drafts and p.fed == row.prefilled:
@@ -345,14 +348,15 @@ class Batch:
         t0 = time.perf_counter()
         feeds = [[row.ctx[-1], *plan.draft] for row, plan in plans]
         slots = [row.slot for row, _ in plans]
+        tap = step_tap(row.cfg for row, _ in plans)  # hidden states for head rows
         logits = batched_forward(
-            self.target.model, Step(self.cache, slots, feeds), self.target.fast
+            self.target.model, Step(self.cache, slots, feeds, tap=tap), self.target.fast
         )  # [(n_r + 1, V)]
         spent = time.perf_counter() - t0
         self._forward_s += spent
         self.forwards += 1
         self._target_costs().observe(len(plans), max(len(f) for f in feeds), spent)
-        for (row, plan), z in zip(plans, logits, strict=True):
+        for i, ((row, plan), z) in enumerate(zip(plans, logits, strict=True)):
             row.cfg.stats.batch_steps += 1
             row.cfg.stats.batch_rows += len(plans)
             row.forwards += 1
@@ -367,6 +371,7 @@ class Batch:
                 events[id(row)].append(failed(row, exc))
                 continue
             self.cache.length[row.slot] = before + m  # 7. every committed token but the last
+            hand_features(cfg, tap, i, before - 1, m + 1)  # a head row's committed states
             if cfg.policy is not None and cfg.proposer is not None:  # 9.
                 cfg.policy.observe_c(_measure_c(cfg, row))  # type: ignore[arg-type]
             delta = cfg.output.delta()

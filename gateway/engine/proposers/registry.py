@@ -18,11 +18,13 @@ from gateway.engine.kpolicy import static_c
 from gateway.engine.models import LoadedModel
 from gateway.engine.proposers.base import Proposer
 from gateway.engine.proposers.draft_model import DraftModelProposer
+from gateway.engine.proposers.head import HeadProposer, is_head
 from gateway.engine.proposers.prediction import PredictionProposer
 from gateway.engine.proposers.prompt_lookup import PromptLookupProposer
 from gateway.engine.proposers.suffix import SuffixProposer
 from gateway.engine.sampling import LogitsShaper
 from gateway.engine.schema import DecodeRequest
+from gateway.limits import MAX_K
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ def _draft(x: ProposerInputs) -> Built:
     draft, sp = x.draft, x.req.sampling
     if draft is None:
         raise InvalidRequest("speculative decoding with proposer 'draft' needs a draft")
+    if is_head(draft):  # a draft version that is a feature head (registry kind `head`)
+        return _head(x)
     shaper = LogitsShaper.from_params(sp, draft.vocab_size, draft.device)
     proposer = DraftModelProposer(
         draft, shaper, x.generator, x.req.grammar, x.target.eos_token_ids,
@@ -59,6 +63,23 @@ def _draft(x: ProposerInputs) -> Built:
     )  # fmt: skip
     c0 = static_c(x.target.model.config, draft.model.config)
     return Built(proposer, draft.context_length, c0)
+
+
+def _head(x: ProposerInputs) -> Built:
+    """A feature head (proposers/head.py), the request's draft version of kind `head`."""
+    draft, sp = x.draft, x.req.sampling
+    if draft is None or not is_head(draft):
+        raise InvalidRequest("proposer 'head' needs a draft head (a draft of kind 'head')")
+    head = draft.model
+    shaper = LogitsShaper.from_params(sp, x.target.vocab_size, x.target.device)
+    proposer = HeadProposer(
+        head, shaper, x.generator, x.req.grammar, x.target.eos_token_ids,
+        capacity=x.target.context_length + 2 * MAX_K + 2,
+        min_confidence=x.req.min_draft_confidence,
+    )  # fmt: skip
+    # One layer (and the output head) against the target's layers.
+    c0 = 1.5 / max(1, head.cfg.target_layers)
+    return Built(proposer, None, c0)
 
 
 def _prompt_lookup(x: ProposerInputs) -> Built:
@@ -83,6 +104,7 @@ def _prediction(x: ProposerInputs) -> Built:
 
 PROPOSERS: dict[str, Callable[[ProposerInputs], Built]] = {
     "draft": _draft,
+    "head": _head,
     "prompt_lookup": _prompt_lookup,
     "suffix": _suffix,
     "prediction": _prediction,

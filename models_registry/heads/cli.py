@@ -1,0 +1,67 @@
+"""``python -m models_registry heads ...``: train a draft head for a target.
+
+python -m models_registry heads train --target DIR --data FILE --out DIR [options]
+python -m models_registry heads corpus --out FILE.jsonl   (the demo's data: the
+    training split of models_registry/demo/corpus.py, one file a line)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from models_registry.heads.train import TrainArgs, train
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m models_registry heads")
+    cmds = parser.add_subparsers(dest="command", required=True)
+    t = cmds.add_parser("train", help="train (or resume) a head")
+    t.add_argument("--target", type=Path, required=True, help="the target's model directory")
+    t.add_argument("--data", type=Path, required=True, help=".txt or .jsonl (text / prompt)")
+    t.add_argument("--out", type=Path, required=True, help="where the finished head goes")
+    t.add_argument("--work", type=Path, default=None, help="checkpoints (default: OUT.work)")
+    t.add_argument("--steps", type=int, default=600)
+    t.add_argument("--minutes", type=float, default=20.0, help="stop and checkpoint after")
+    t.add_argument("--batch", type=int, default=8)
+    t.add_argument("--seq", type=int, default=256)
+    t.add_argument("--ttt", type=int, default=3, help="training-time test steps (1: plain)")
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--vocab", type=Path, default=None, help="a draft_vocab.json to draft in")
+    t.add_argument("--save-every", type=int, default=50)
+    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    c = cmds.add_parser("corpus", help="write the demo's training data")
+    c.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "corpus":
+        from models_registry.demo.corpus import load_corpus
+
+        train_files, _ = load_corpus()
+        with args.out.open("w", encoding="utf-8") as f:
+            for item in train_files:
+                f.write(json.dumps({"text": item.text}) + "\n")
+        print(f"{len(train_files)} files -> {args.out}")
+        return 0
+    for flag, value in (("--steps", args.steps), ("--batch", args.batch), ("--seq", args.seq),
+                        ("--ttt", args.ttt)):  # fmt: skip
+        if value < 1:
+            print(f"error: {flag} must be >= 1", file=sys.stderr)
+            return 2
+    work = args.work or args.out.with_name(args.out.name + ".work")
+    a = TrainArgs(
+        target=args.target, data=args.data, out=args.out, work=work, steps=args.steps,
+        minutes=args.minutes, batch=args.batch, seq=args.seq, ttt=args.ttt, lr=args.lr,
+        seed=args.seed, vocab=args.vocab, save_every=args.save_every, threads=args.threads,
+    )  # fmt: skip
+    result = train(a, progress=not args.quiet)
+    print(json.dumps(result))
+    return 0
