@@ -19,7 +19,8 @@ payload changes no leaf, and every proof stays valid.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.database.audit.chain import ADMISSION_FIELDS, EVENT_FIELDS, RECORD_FIELDS, link
@@ -36,6 +37,15 @@ KIND_FIELDS: dict[str, tuple[str, ...]] = {
 def leaf_from_hash(kind: str, record_hash: str) -> bytes:
     """RFC 9162 leaf hash of the row of chain ``kind`` whose hash is ``record_hash``."""
     return leaf_hash(f"{kind}\n{record_hash}".encode("ascii"))
+
+
+def leaf_hashes(kind: str, record_hashes: Iterable[str]) -> list[bytes]:
+    """:func:`leaf_from_hash` of many rows of chain ``kind`` (a sequencing batch): the same
+    RFC 9162 leaf hashes, ``SHA-256(0x00 || kind || 0x0A || record_hash)``, without two
+    calls and an f-string a row."""
+    prefix = b"\x00" + kind.encode("ascii") + b"\n"
+    sha256 = hashlib.sha256
+    return [sha256(prefix + h.encode("ascii")).digest() for h in record_hashes]
 
 
 def leaf_of(kind: str, row: Mapping[str, Any]) -> bytes:

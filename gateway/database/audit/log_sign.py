@@ -6,17 +6,19 @@ then a checkpoint signed and stored."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import insert, select, text
 from sqlalchemy.engine import Connection
 
 from gateway.database.audit import merkle
+from gateway.database.audit.bulk import fetch_rows, placeholders
 from gateway.database.audit.chain import EVENT_FIELDS, GENESIS, link
-from gateway.database.audit.leaves import leaf_from_hash
-from gateway.database.audit.log_tables import CHECKPOINTS, LEAVES, SIGNING_KEYS
-from gateway.database.audit.log_tree import KIND_TABLES, append_leaves, log_size, node_source
+from gateway.database.audit.leaves import leaf_hashes
+from gateway.database.audit.log_tables import CHECKPOINTS, SIGNING_KEYS
+from gateway.database.audit.log_tree import KIND_TABLES, append_leaves, node_source
 from gateway.database.audit.note import Checkpoint, Signer
 from gateway.database.audit.types import AuditUnavailable
 from gateway.database.base import EVENTS_LOCK, chain_head
@@ -49,40 +51,54 @@ class Signed:
     """Leaves this run sequenced."""
 
 
-def _sequenced(conn: Connection) -> dict[str, int]:
-    """The last row id of each chain that is in the log: one max per kind, each a seek in
-    the (kind, source_id) index (a GROUP BY would read the whole index every run)."""
-    out = {}
-    for kind in KIND_TABLES:
-        stmt = select(func.max(LEAVES.c.source_id)).where(LEAVES.c.kind == kind)
-        out[kind] = int(conn.execute(stmt).scalar() or 0)
-    return out
+def _positions(conn: Connection) -> tuple[int, dict[str, int]]:
+    """The log's size and the last row id of each chain that is in it, in one statement of
+    index seeks (a max per kind in the (kind, source_id) index; a GROUP BY would read the
+    whole index every run)."""
+    parts = ["(SELECT max(idx) FROM audit_log_leaves)"] + [
+        f"(SELECT max(source_id) FROM audit_log_leaves WHERE kind = '{kind}')"
+        for kind in KIND_TABLES
+    ]  # the kinds are this module's constants
+    top, *last = conn.exec_driver_sql("SELECT " + ", ".join(parts)).one()
+    size = 0 if top is None else int(top) + 1
+    return size, {kind: int(x or 0) for kind, x in zip(KIND_TABLES, last, strict=True)}
 
 
-def _new_rows(conn: Connection, limit: int) -> list[tuple[str, int, bytes]]:
-    """The chains' rows not yet in the log (at most ``limit``), checked and hashed."""
-    last = _sequenced(conn)
+def _new_rows(conn: Connection, last: dict[str, int], limit: int) -> list[tuple[str, int, bytes]]:
+    """The chains' rows after ``last`` (at most ``limit``), each checked to link to the row
+    before it, as leaves. One query a chain: from its last sequenced row (whose hash the
+    first new row must link to) on, three columns, the driver's tuples."""
     out: list[tuple[str, int, bytes]] = []
     for kind, table in KIND_TABLES.items():
-        if len(out) >= limit:
+        want = limit - len(out)
+        if want <= 0:
             break
-        after = int(last.get(kind) or 0)
+        after = last[kind]
+        marks = placeholders(conn, 2).split(", ")
+        sql = (
+            f"SELECT id, prev_hash, record_hash FROM {table.name} WHERE id >= {marks[0]} "
+            f"ORDER BY id LIMIT {marks[1]}"
+        )
+        rows = fetch_rows(conn, sql, (after, want + 1 if after else want))
         prev = GENESIS
         if after:
-            prev = conn.execute(select(table.c.record_hash).where(table.c.id == after)).scalar_one()
-        sql = (
-            f"SELECT id, prev_hash, record_hash FROM {table.name} WHERE id > {after} "
-            f"ORDER BY id LIMIT {int(limit - len(out))}"
-        )  # integers this code computed; the driver's rows, without result processing
-        for rid, prev_hash, record_hash in conn.exec_driver_sql(sql):
-            if prev_hash != prev:
-                raise LogBroken(
-                    f"{table.name} row {rid} does not link to the row before it: the chain "
-                    "was cut or rewritten; not sequenced, no checkpoint signed (run verify)"
-                )
-            prev = record_hash
-            out.append((kind, int(rid), leaf_from_hash(kind, record_hash)))
+            if not rows or int(rows[0][0]) != after:
+                raise _broken(f"{table.name} row {after}, the last one in the log, is gone")
+            prev, rows = rows[0][2], rows[1:]
+        hashes = [r[2] for r in rows]
+        expected = [prev, *hashes][: len(rows)]
+        if [r[1] for r in rows] != expected:
+            bad = next(r[0] for r, e in zip(rows, expected, strict=True) if r[1] != e)
+            raise _broken(f"{table.name} row {bad} does not link to the row before it")
+        ids = [int(r[0]) for r in rows]
+        out.extend(zip(itertools.repeat(kind), ids, leaf_hashes(kind, hashes), strict=False))
     return out
+
+
+def _broken(what: str) -> LogBroken:
+    return LogBroken(
+        f"{what}: the chain was cut or rewritten; not sequenced, no checkpoint signed (run verify)"
+    )
 
 
 def _latest(conn: Connection) -> Any:
@@ -90,8 +106,8 @@ def _latest(conn: Connection) -> Any:
 
 
 def sign_checkpoint(conn: Connection, signer: Signer, now: datetime, limit: int) -> Signed | None:
-    size = log_size(conn)
-    leaves = _new_rows(conn, limit)
+    size, last_ids = _positions(conn)
+    leaves = _new_rows(conn, last_ids, limit)
     new_size = append_leaves(conn, size, leaves)
     last = _latest(conn)
     old_size = 0 if last is None else int(last.tree_size)

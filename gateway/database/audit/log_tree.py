@@ -5,12 +5,12 @@ the nodes a proof needs, appending leaves with the nodes they complete."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import Connection
 
 from gateway.database.audit import merkle
+from gateway.database.audit.bulk import insert_rows
 from gateway.database.audit.log_tables import LEAVES
 from gateway.database.tables_audit import ADMISSIONS, EVENTS, RECORDS
 
@@ -56,30 +56,14 @@ def log_size(conn: Connection) -> int:
 
 def append_leaves(conn: Connection, size: int, leaves: list[tuple[str, int, bytes]]) -> int:
     """Store ``leaves`` (kind, source id, leaf hash) after the ``size`` already there, with
-    every perfect node they complete; returns the new size."""
+    every perfect node they complete; returns the new size. Two bulk inserts (bulk.py: a
+    COPY each on asyncpg), whatever the number of leaves."""
     if not leaves:
         return size
     frontier = node_source(conn)(merkle.frontier_nodes(size))
     nodes = merkle.new_nodes(size, [h for _, _, h in leaves], frontier)
     rows = [(size + i, k, s, h) for i, (k, s, h) in enumerate(leaves)]
-    _insert_many(conn, "audit_log_leaves (idx, kind, source_id, hash)", rows)
-    inner = [(lv, ix, h) for (lv, ix), h in nodes if lv]
-    if inner:
-        _insert_many(conn, "audit_log_nodes (level, idx, hash)", inner)
+    insert_rows(conn, "audit_log_leaves", ("idx", "kind", "source_id", "hash"), rows)
+    inner = [(lv, ix, h) for (lv, ix), h in nodes[len(leaves) :]]  # new_nodes: leaves first
+    insert_rows(conn, "audit_log_nodes", ("level", "idx", "hash"), inner)
     return size + len(leaves)
-
-
-def _insert_many(conn: Connection, into: str, rows: list[tuple[Any, ...]]) -> None:
-    """``INSERT INTO <into> VALUES (...)`` for plain tuples, straight to the driver: the
-    per-row parameter building of ``insert(table)`` was half a checkpoint's CPU."""
-    marks = _placeholders(conn, len(rows[0]))
-    conn.exec_driver_sql(f"INSERT INTO {into} VALUES ({marks})", rows)
-
-
-def _placeholders(conn: Connection, n: int) -> str:
-    style = conn.dialect.paramstyle
-    if style == "qmark":
-        return ", ".join("?" * n)
-    if style.startswith("numeric"):  # asyncpg's adapter: $1, $2 ...
-        return ", ".join(f"${i}" for i in range(1, n + 1))
-    return ", ".join(["%s"] * n)

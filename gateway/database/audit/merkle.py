@@ -195,21 +195,26 @@ def new_nodes(
 ) -> list[tuple[Node, bytes]]:
     """Append ``leaves`` to a tree of ``size`` leaves whose right-edge perfect nodes
     (``frontier_nodes(size)``) are given; returns every perfect node completed, leaves
-    (level 0) included, in order. ``frontier`` is updated in place."""
-    out: list[tuple[Node, bytes]] = []
-    for h in leaves:
-        node: Node = (0, size)
-        out.append((node, h))
-        frontier[node] = h
-        level, index = node
-        while index & 1:  # a right child: its parent is complete now
-            left = frontier.pop((level, index - 1))
-            right = frontier.pop((level, index))
-            level, index = level + 1, index >> 1
-            h = node_hash(left, right)
-            frontier[(level, index)] = h
-            out.append(((level, index), h))
-        size += 1
+    (level 0) included, level by level, each level in index order. ``frontier`` is
+    updated in place (to ``frontier_nodes`` of the new size).
+
+    A level at a time: the new nodes of level L are a run of indices from ``size >> L``;
+    when that first index is odd its left sibling is the frontier's node of level L, and
+    the run (with it) is hashed in pairs into the next level's run; an unpaired last node
+    stays on the frontier."""
+    run = list(leaves)
+    out: list[tuple[Node, bytes]] = [((0, size + i), h) for i, h in enumerate(run)]
+    level, start = 0, size
+    while run:
+        if start & 1:
+            run.insert(0, frontier.pop((level, start - 1)))
+            start -= 1
+        end = start + len(run)
+        if len(run) & 1:
+            frontier[(level, end - 1)] = run.pop()
+        run = [node_hash(run[i], run[i + 1]) for i in range(0, len(run), 2)]
+        level, start = level + 1, start >> 1
+        out.extend(((level, start + i), h) for i, h in enumerate(run))
     return out
 
 

@@ -156,3 +156,37 @@ def test_certificate_transparency_known_answers() -> None:
     assert [h.hex() for h in consistency_proof(6, 8, t.source)] == CT_CONSISTENCY_6_TO_8
     six, eight = bytes.fromhex(CT_ROOTS[5]), bytes.fromhex(CT_ROOTS[7])
     verify_consistency(6, 8, six, eight, [bytes.fromhex(h) for h in CT_CONSISTENCY_6_TO_8])
+
+
+def _completed(size: int, count: int) -> dict[merkle.Node, bytes]:
+    """Every perfect node whose last leaf is among leaves [size, size + count), from the
+    RFC's definition (the reference a batch append must produce)."""
+    out = {}
+    for level in range((size + count).bit_length()):
+        width = 1 << level
+        for idx in range(size // width, (size + count) // width):
+            if (idx + 1) * width > size:
+                out[(level, idx)] = mth(DATA[idx * width : (idx + 1) * width])
+    return out
+
+
+def test_a_batch_append_completes_exactly_the_rfc_nodes_from_every_size() -> None:
+    """new_nodes over a batch (the checkpoint job appends thousands at once, a level at a
+    time) gives the nodes and frontier the RFC gives, for every start size and length."""
+    hashes = [leaf_hash(d) for d in DATA]
+    for size in range(len(DATA)):
+        for count in range(1, len(DATA) - size + 1):
+            frontier = {n: mth(DATA[n[1] << n[0] : (n[1] + 1) << n[0]])
+                        for n in merkle.frontier_nodes(size)}  # fmt: skip
+            got = merkle.new_nodes(size, hashes[size : size + count], frontier)
+            assert dict(got) == _completed(size, count), (size, count)
+            assert len(got) == len(dict(got))
+            assert frontier == {n: mth(DATA[n[1] << n[0] : (n[1] + 1) << n[0]])
+                                for n in merkle.frontier_nodes(size + count)}  # fmt: skip
+    # negative control: the same batch appended after the wrong size (its frontier taken
+    # for size 5, its nodes placed as if at 6) is told apart from the RFC's nodes
+    frontier = {n: mth(DATA[n[1] << n[0] : (n[1] + 1) << n[0]]) for n in merkle.frontier_nodes(5)}
+    with pytest.raises(KeyError):
+        merkle.new_nodes(7, hashes[7:9], frontier)
+    frontier = {n: mth(DATA[n[1] << n[0] : (n[1] + 1) << n[0]]) for n in merkle.frontier_nodes(6)}
+    assert dict(merkle.new_nodes(6, hashes[7:9], frontier)) != _completed(6, 2)
