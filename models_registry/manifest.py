@@ -37,7 +37,14 @@ gateway/engine/constraints/tool_formats.py defines them). Unset: read off the ch
 BACKENDS: tuple[str, ...] = ("torch", "llama.cpp")
 """What runs a model (``backend``): ``torch`` (transformers, the default) on a directory of
 safetensors, ``llama.cpp`` on one GGUF file (gateway/engine/backends/)."""
-_OPTIONAL_CHOICE: dict[str, tuple[str, ...]] = {"tool_format": TOOL_FORMATS, "backend": BACKENDS}
+KINDS: tuple[str, ...] = ("model", "head")
+"""What a version is (``kind``): ``model``, a causal LM (the default); ``head``, a
+feature-conditioned draft head (head_config.json and head.safetensors, models_registry/heads),
+which drafts from its target's hidden states with its target's embeddings and output head: a
+draft only, rolled out like any draft."""
+_OPTIONAL_CHOICE: dict[str, tuple[str, ...]] = {
+    "tool_format": TOOL_FORMATS, "backend": BACKENDS, "kind": KINDS,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,8 @@ class ModelEntry:
     """The model's tool-call syntax (one of TOOL_FORMATS); None: read off its chat template."""
     backend: str | None = None
     """One of BACKENDS; None: torch."""
+    kind: str | None = None
+    """One of KINDS; None: model."""
 
     @property
     def key(self) -> str:
@@ -190,6 +199,8 @@ def _validated(entries: tuple[ModelEntry, ...]) -> tuple[ModelEntry, ...]:
             raise ManifestError(f"{e.key}: a target must not name a 'target'")
         if e.role == "draft" and e.target not in target_names:
             raise ManifestError(f"{e.key}: target {e.target!r} is not a target in the manifest")
+        if e.kind == "head" and e.role != "draft":
+            raise ManifestError(f"{e.key}: a head drafts for a target: its role is 'draft'")
     return entries
 
 
@@ -316,6 +327,8 @@ def register(manifest: Manifest, model_dir: str | Path, new: NewVersion) -> Mode
         raise ManifestError(f"{name}@{version}: role must be 'target' or 'draft', got {role!r}")
     if any(e.name == name and e.version == version for e in manifest.entries):
         raise ManifestError(f"{name}@{version}: already registered")
+    if (model_dir / HEAD_CONFIG).is_file():
+        return _register_head(manifest, model_dir, new)
     config = read_config(model_dir) if model_dir.is_dir() else None
     weights = weights_info(model_dir)  # raises ModelNotFound for a missing dir / weights
     if config is None or config.architecture is None:
@@ -350,8 +363,37 @@ def register(manifest: Manifest, model_dir: str | Path, new: NewVersion) -> Mode
     )
 
 
+HEAD_CONFIG = "head_config.json"  # a head directory (gateway/feature_head.py CONFIG_FILE)
+
+
+def _register_head(manifest: Manifest, model_dir: Path, new: NewVersion) -> ModelEntry:
+    """A head directory as a draft entry of kind ``head``: it uses its target's tokenizer
+    (the newest version of ``new.target``), whose layer count and width it was trained on."""
+    where = f"{new.name}@{new.version}"
+    if new.role != "draft" or not new.target:
+        raise ManifestError(f"{where}: a head is a draft and must name its target")
+    target_entry = manifest.get(new.target)
+    if target_entry.role != "target":
+        raise ManifestError(f"{where}: {target_entry.key} is not a target")
+    head = json.loads((model_dir / HEAD_CONFIG).read_text())
+    weights = weights_info(model_dir)
+    if target_entry.layers is not None and head.get("target_layers") != target_entry.layers:
+        raise ManifestError(
+            f"{where}: the head reads a target of {head.get('target_layers')} layers, "
+            f"{target_entry.key} has {target_entry.layers}"
+        )
+    return ModelEntry(
+        name=new.name, version=str(new.version), role="draft", path=model_dir,
+        sha256=sha256_files(weights.files), architecture="FeatureHead",
+        parameters=weights.parameters, tokenizer=new.tokenizer or target_entry.tokenizer,
+        target=new.target, layers=1, hidden=head.get("hidden"), dtype=weights.dtype,
+        trained_on=new.trained_on, kind="head",
+    )  # fmt: skip
+
+
 __all__ = [
     "BACKENDS",
+    "KINDS",
     "ROLES",
     "Manifest",
     "ModelEntry",

@@ -31,6 +31,7 @@ from gateway.engine.models import (
     wrap_model,
 )
 from gateway.engine.proposers import Proposal, Proposer
+from gateway.engine.proposers.head import load_head_model
 from gateway.engine.proposers.suffix import SuffixIndex
 from gateway.engine.schema import (
     DecodeRequest,
@@ -79,6 +80,7 @@ __all__ = [
     "default_device",
     "init_torch_thread",
     "load_backend",
+    "load_head_model",
     "load_model",
     "serving_threads",
     "wrap_model",

@@ -26,6 +26,7 @@ from gateway.engine import (
     UnsupportedModel,
     check_pair,
     load_backend,
+    load_head_model,
 )
 from gateway.serving.cost_store import CostStore, cost_key
 from gateway.serving.errors import GatewayError
@@ -270,7 +271,10 @@ class ModelPool:
             return self._drafts.setdefault(key, DraftHandle(entry, model))
 
     def _load_draft(self, entry: ModelEntry, engine: Engine) -> LoadedModel:
-        """On the inference thread."""
+        """On the inference thread. A head (kind ``head``) loads on its target's embeddings
+        and output head; it has no forwards of its own to compile or probe."""
+        if entry.kind == "head":
+            return load_head_model(str(entry.path), engine.target)
         model = self._load(entry, draft_vocab=True)
         check_pair(engine.target, model)
         model = self._compiled(model, entry, engine.target.context_length, draft=True)

@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vocab", type=Path, default=None, help="a draft_vocab.json to draft in")
     t.add_argument("--save-every", type=int, default=50)
     t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--chunk", type=int, default=None, help="stop after N steps this run")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     c = cmds.add_parser("corpus", help="write the demo's training data")
     c.add_argument("--out", type=Path, required=True)
@@ -61,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         target=args.target, data=args.data, out=args.out, work=work, steps=args.steps,
         minutes=args.minutes, batch=args.batch, seq=args.seq, ttt=args.ttt, lr=args.lr,
         seed=args.seed, vocab=args.vocab, save_every=args.save_every, threads=args.threads,
+        chunk=args.chunk,
     )  # fmt: skip
     result = train(a, progress=not args.quiet)
     print(json.dumps(result))

@@ -2,7 +2,7 @@
 
     python -m models_registry heads train --target DIR --data FILE --out DIR
         [--work DIR] [--steps N] [--minutes M] [--batch B] [--seq T] [--ttt S] [--seed S]
-        [--vocab draft_vocab.json]
+        [--vocab draft_vocab.json] [--chunk N]
 
 Data: a text file (.txt, one document, or documents separated by blank-line-free EOS
 strings), or JSON lines with "text" (or "prompt" and "completion", joined): prompts, code,
@@ -14,9 +14,10 @@ Each step: one target forward without gradient (its hidden states at the head's 
 its logits), then the head's loss with training-time test (ttt.py) against the target's
 next-token distribution (distillation: what the verifier accepts is the target's choice).
 Checkpoints (head, optimizer, step) go to --work every --save-every steps and when the
---minutes budget runs out; a run with the same --work resumes there. At --steps the head
-is written to --out (head_config.json, head.safetensors, draft_vocab.json if reduced,
-train_log.json).
+--minutes budget (or --chunk steps) runs out; a run with the same --work resumes there and
+draws the batches an uninterrupted run would (the learning-rate schedule follows --steps).
+At --steps the head is written to --out (head_config.json, head.safetensors,
+draft_vocab.json if reduced, train_log.json).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class TrainArgs:
     vocab: Path | None = None
     save_every: int = 50
     threads: int | None = None
+    chunk: int | None = None  # stop (checkpointed) after this many steps in this run
 
 
 def read_texts(path: Path) -> list[str]:
@@ -166,7 +168,8 @@ def train(a: TrainArgs, progress: bool = True) -> dict[str, Any]:
         torch.save(state, a.work / (CHECKPOINT + ".tmp"))
         (a.work / (CHECKPOINT + ".tmp")).replace(ckpt)
 
-    while step < a.steps and time.monotonic() - t0 < a.minutes * 60:
+    stop = a.steps if a.chunk is None else min(a.steps, step + a.chunk)
+    while step < stop and time.monotonic() - t0 < a.minutes * 60:
         x = batch_at(data, step, a.seed, a.batch, a.seq)
         feats, tokens, teacher = target_pass(target, cfg, x, ids_t)
         for group in opt.param_groups:
