@@ -132,7 +132,9 @@ class Settings:
     keys and values copied out of the batch, at most one batch's worth) and resumes, exactly
     where it stopped, in its tenant's turn (see [fair sharing](batching-and-speed.md#fair-sharing)).
     So a tenant alone uses the whole batch and an arrival never waits for a long request to
-    end. ``false``: a row keeps its slot until its request ends."""
+    end. ``false`` (and on a llama.cpp target, whose memory cannot save a slot): a row keeps
+    its slot until its request ends, and a tenant's default row cap is three quarters of the
+    batch, so that another tenant's arrival finds a row."""
     torch_threads: int | None = None
     """CPU threads of the inference thread's torch kernels. Unset: the physical cores less one
     (at least one), so that the event loop keeps a core (see [where torch

@@ -82,6 +82,11 @@ class Engine:
         """Validate (errors raise here) and wire a request for `Batch.add`."""
         return self._prepare(req, draft)
 
+    @property
+    def parkable(self) -> bool:
+        """Whether its batch can park rows (`Batch.park`): not on a backend's memory."""
+        return not isinstance(self._target.model, BackendModel)
+
     def batch(
         self, max_rows: int, prefill_chunk: int = PREFILL_CHUNK,
         prefill_budget: int = PREFILL_BUDGET,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from gateway.engine import PREFILL_BUDGET, PREFILL_CHUNK, Batch, Engine, Event, Row
-from gateway.serving.fairness import Share, StepPacer
+from gateway.serving.fairness import Share, StepPacer, default_max_rows
 from gateway.serving.jobs import Decode, Job
 
 
@@ -92,14 +92,26 @@ class Batches:
         over = [t for t in held if t != me and len(held[t]) > fair(t)]
         if not over:
             return None
-        return held[max(over, key=lambda t: len(held[t]) - fair(t))][-1]
+        rows = held[max(over, key=lambda t: len(held[t]) - fair(t))]
+        return max(rows, key=lambda r: self._jobs[id(r)].admitted_ns or 0)  # the last admitted
+
+    def default_cap(self, job: Job, preempt: bool) -> int:
+        """The job's tenant's row cap when its policy sets none: the whole batch where a
+        tenant past its share gives rows up (preemption on, a cache that can park), else
+        three quarters of it (serving/fairness.py `default_max_rows`)."""
+        d = job.decode
+        batch = None if d is None else self._batches.get(id(d.engine))
+        parkable = d is not None and d.engine.parkable and (batch is None or batch.cache.parkable)
+        return default_max_rows(self.rows_of(job), preempt and parkable)
 
     def park(self, row: Row) -> Job:
         """Take ``row`` out of its batch (engine `Batch.park`); its job, holding what it
-        needs to resume, is returned to go back to the fair queue."""
-        job = self._jobs.pop(id(row))
+        needs to resume, is returned to go back to the fair queue. If parking raises (out of
+        memory), the row stays in its batch with its job."""
+        job = self._jobs[id(row)]
         assert job.decode is not None
         job.parked = self._batches[id(job.decode.engine)].park(row)
+        del self._jobs[id(row)]
         job.fair_wait = True
         key = id(job.decode.engine)
         self._parked[key] = self._parked.get(key, 0) + 1

@@ -5,7 +5,8 @@ mechanisms, each bounded by the tenant's policy (`fairness` in its document):
 
 - **Caps.** A tenant holds at most `max_concurrent_requests` requests in flight
   (`RequestSlots`, a 429 past it), `max_rows` rows of the batches (by default the whole
-  batch: preemption below gives an arriving tenant its share) and `max_queued` jobs waiting
+  batch where preemption below gives an arriving tenant its share, else three quarters of
+  it, a row fewer than all at least: `default_max_rows`) and `max_queued` jobs waiting
   for a row (`FairQueue`, a 503 to that tenant past it; by default the whole queue, which
   the share-aware refusals below keep open to the others).
 - **Fair admission (VTC).** When a row frees, it goes to the backlogged tenant with the
@@ -21,13 +22,13 @@ mechanisms, each bounded by the tenant's policy (`fairness` in its document):
 - **Preemption** (serving/batches.py `Batches.preemptible`). When a job waits in its turn
   and its batch is full, its tenant holds fewer rows of the batch than its weighted share
   (the batch's rows x its weight over the weights of the tenants holding rows and its own)
-  and another tenant holds more than its share, that tenant's newest row is parked (engine
-  `Batch.park`: its keys and values copied out of the slot) and the job takes the slot. The
-  parked job waits at the front of its tenant's queue (`requeue`) and resumes, bit for bit
-  where it stopped, in its tenant's turn when a row frees. An arrival never waits for a long
-  request to end, and a tenant alone uses the whole batch. Parked keys and values are at
-  most one batch's worth (a tenant parks only while another holds rows past its share);
-  its record says it waited for fairness.
+  and another tenant holds more than its share, the row that tenant admitted last is parked
+  (engine `Batch.park`: its keys and values copied out of the slot) and the job takes the
+  slot. The parked job waits at the front of its tenant's queue (`requeue`) and resumes,
+  bit for bit where it stopped, in its tenant's turn when a row frees. An arrival never
+  waits for a long request to end, and a tenant alone uses the whole batch. A batch's
+  parked rows are at most its rows (one more batch's worth of keys and values); a failed
+  park (out of memory) leaves everything as it was. Its record says it waited for fairness.
 - **Fair steps** (`StepPacer`). A row holds its slot until its request ends, so admission
   alone cannot keep a long request's rows from slowing another tenant's: on a CPU a step
   costs about in proportion to its rows and their contexts. So each batch step's time is
@@ -52,6 +53,7 @@ both under one lock.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -98,9 +100,13 @@ def share_of(tenant: str, fairness: Fairness) -> Share:
     return Share(tenant, fairness.weight, fairness.max_rows, fairness.max_queued)
 
 
-def default_max_rows(max_batch: int) -> int:
-    """The whole batch: preemption gives another tenant its share when it arrives."""
-    return max(1, max_batch)
+def default_max_rows(max_batch: int, preempt: bool = True) -> int:
+    """The whole batch where preemption gives an arriving tenant its share; else three
+    quarters of it and at least one row fewer than all of it (one row when the batch has
+    one or two), so that another tenant's arrival finds a row."""
+    if preempt:
+        return max(1, max_batch)
+    return max(1, min(max_batch - 1, math.ceil(max_batch * 3 / 4)))
 
 
 class Waiting(Protocol):
@@ -118,9 +124,9 @@ class Waiting(Protocol):
 class FairQueue:
     """The jobs waiting for a row, per tenant, and each tenant's virtual tokens served."""
 
-    def __init__(self, capacity: int, max_batch: int) -> None:
+    def __init__(self, capacity: int, max_batch: int, preempt: bool = True) -> None:
         self.capacity = capacity
-        self.default_rows = default_max_rows(max_batch)
+        self.default_rows = default_max_rows(max_batch, preempt)
         self.default_queued = capacity  # shared: a full queue evicts past a share
         self._lock = threading.Lock()
         self._queues: dict[str, collections.deque[Any]] = {}
@@ -175,15 +181,19 @@ class FairQueue:
         return sum(1 for j in self._queues.get(tenant, ()) if j.parked is None)
 
     def requeue(self, job: Waiting) -> None:
-        """A running job whose row was parked (serving/batches.py `Batches.park`) goes to
-        the front of its tenant's queue: it resumes before the tenant's new jobs, in the
-        tenant's turn. It counts against neither the queue's capacity nor the tenant's
-        ``max_queued``, and is never evicted."""
+        """A picked job back to the front of its tenant's queue: one whose row was parked
+        (serving/batches.py `Batches.park`) resumes before the tenant's new jobs, in the
+        tenant's turn, and counts against neither the queue's capacity nor the tenant's
+        ``max_queued``, and is never evicted; one that could not be admitted after all (a
+        preemption that failed) waits as it did."""
         with self._lock:
             t = job.share.tenant
             self._queues.setdefault(t, collections.deque()).appendleft(job)
             self._running[t] -= 1
-            self.parked += 1
+            if job.parked is None:
+                self.waiting += 1
+            else:
+                self.parked += 1
 
     def _lift(self, tenant: str) -> None:
         """A tenant starting to wait after idling: no credit banked while idle. Lifted to
@@ -206,14 +216,14 @@ class FairQueue:
     # -- worker-thread side -------------------------------------------------------------
 
     def pick(
-        self, fits: Callable[[Any], bool], batch_rows: Callable[[Any], int] | None = None
+        self, fits: Callable[[Any], bool], default_cap: Callable[[Any], int] | None = None
     ) -> tuple[Any | None, list[Any]]:
         """The next job to admit, and the cancelled jobs dropped from the queue. The next
         job is the head of the backlogged tenant with the fewest virtual tokens served
         (ties: the older head) that is under its row cap and ``fits`` (its batch has room,
         or a row it may take by preemption).
-        ``batch_rows(job)``: the rows of the job's batch, which the default cap is taken
-        from (default: the worker's max_batch)."""
+        ``default_cap(job)``: the row cap of a job whose tenant's policy sets none
+        (default: `default_max_rows` of the worker's max_batch)."""
         with self._lock:
             dropped = self._drop_cancelled()
             heads = sorted(  # a tie (a counter just lifted) goes to the fewer rows held
@@ -227,7 +237,7 @@ class FairQueue:
                 if not fits(head):
                     continue
                 cap = head.share.max_rows or (
-                    default_max_rows(batch_rows(head)) if batch_rows else self.default_rows
+                    default_cap(head) if default_cap else self.default_rows
                 )
                 if self._running[t] >= cap:
                     held.append(head)  # a row is free, but not for this tenant now

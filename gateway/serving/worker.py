@@ -122,7 +122,7 @@ class InferenceWorker:
         self.kv_budget_tokens = options.kv_budget_tokens
         self._on_start = on_start
         self._inbox: queue.Queue[object] = queue.Queue()
-        self.fair = FairQueue(options.capacity, options.max_batch)
+        self.fair = FairQueue(options.capacity, options.max_batch, options.preempt)
         self._active = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -297,7 +297,7 @@ class InferenceWorker:
 
         while True:
             full = len(active) + batches.rows >= self.max_active
-            job, dropped = self.fair.pick(fits, batches.rows_of)
+            job, dropped = self.fair.pick(fits, lambda j: batches.default_cap(j, self.preempt))
             for gone in dropped:
                 if gone.parked is not None and gone.decode is not None:
                     gone.parked = None  # its keys and values go with it
@@ -308,12 +308,13 @@ class InferenceWorker:
                 break
             with self._lock:
                 self._active += 1
+            full_batch = job.decode is not None and not batches.has_room(job.decode.engine)
+            if full_batch and not self._park_for(job, batches):
+                break  # tried again next round, when rows may have ended
             if job.admitted_ns is None:  # a parked job resuming keeps its first admission
                 job.admitted_ns = time.time_ns()
             try:
                 if job.decode is not None:
-                    if not batches.has_room(job.decode.engine):
-                        self._park_for(job, batches)
                     # the prompt tokens it computes: a reused prefix (or a resume) costs none
                     fresh = batches.add(job)
                     self.fair.charge(job.share, prompt_tokens=fresh)
@@ -324,17 +325,27 @@ class InferenceWorker:
                 self._finish(job, exc, out)
         out.flush()
 
-    def _park_for(self, job: Job, batches: Batches) -> None:
+    def _park_for(self, job: Job, batches: Batches) -> bool:
         """Make room for ``job`` (picked because `fits` saw a row it may take): the row of
-        the tenant furthest past its share is parked and its job waits to resume."""
+        the tenant furthest past its share is parked and its job waits to resume. If that
+        fails (out of memory copying its keys and values out), ``job`` goes back to the
+        front of its queue and nothing else changes; returns whether room was made."""
         row = batches.preemptible(job)
-        if row is None:
-            raise RuntimeError("no row to preempt for a job admitted by preemption")
-        parked = batches.park(row)
+        try:
+            if row is None:
+                raise RuntimeError("no row to preempt for a job picked by preemption")
+            parked = batches.park(row)
+        except Exception:
+            log.exception("preemption failed; tenant %s waits for a row", job.share.tenant)
+            with self._lock:
+                self._active -= 1
+            self.fair.requeue(job)
+            return False
         with self._lock:
             self._active -= 1
         self.fair.requeue(parked)
         self.preemptions += 1
+        return True
 
     def _close(self, job: Job, steps: Iterator[Any], out: Outbox) -> None:
         close = getattr(steps, "close", None)

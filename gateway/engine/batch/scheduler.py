@@ -74,14 +74,11 @@ class Batch:
         costs: dict[int, ForwardCosts] | None = None,
         prefill_budget: int = PREFILL_BUDGET,
     ):
-        if max_rows < 1:
-            raise ValueError(f"a batch needs at least one row, got {max_rows}")
-        self.target = target
-        self.max_rows = max_rows
-        self.prefill_chunk = prefill_chunk
+        if max_rows < 1 or prefill_chunk < 1:
+            raise ValueError(f"a batch needs a row and a prefill chunk a token at least, got "
+                             f"{max_rows} rows and chunks of {prefill_chunk}")  # fmt: skip
+        self.target, self.max_rows, self.prefill_chunk = target, max_rows, prefill_chunk
         self.prefill_budget = max(prefill_chunk, prefill_budget)
-        if prefill_chunk < 1:
-            raise ValueError(f"a prefill chunk is at least one token, got {prefill_chunk}")
         # The buffers' shape follows the chunk (a faster forward may be built for it).
         self.pad = slot_pad(prefill_chunk)
         self.cache = slot_cache(target.model, max_rows, target.context_length, pad=self.pad)
@@ -108,8 +105,7 @@ class Batch:
         slot, reused = self.prefixes.take(cfg.cache_scope, cfg.prompt_ids)
         row = Row(cfg, cancelled, slot, list(cfg.prompt_ids), prefilled=reused)
         cfg.stats.cached_prompt_tokens = reused
-        self.rows.append(row)
-        self._join_draft(row, cfg.prompt_ids)
+        self._seat(row, cfg.prompt_ids)
         return row
 
     def park(self, row: Row) -> Parked:
@@ -129,19 +125,23 @@ class Batch:
         row = parked.row
         if row.cfg.target is not self.target:
             raise ValueError("a parked row resumes on its own target")
-        slot, _ = self.prefixes.take(None, ())
-        try:
-            self.cache.restore(slot, parked.saved)
-        except BaseException:
-            self.cache.release(slot)
-            raise
-        row.slot = slot
-        self.rows.append(row)
-        self._join_draft(row, row.ctx)
+        row.slot, _ = self.prefixes.take(None, ())
+        self._seat(row, row.ctx, parked)
         return row
 
+    def _seat(self, row: Row, prompt: Sequence[int], parked: Parked | None = None) -> None:
+        """Row joins the rows in its slot (restored when parked) and, drafting with a draft
+        model, a slot of its shared draft cache; a failure gives its slot back."""
+        try:
+            if parked is not None:
+                self.cache.restore(row.slot, parked.saved)
+            self._join_draft(row, prompt)
+        except BaseException:
+            self.cache.release(row.slot)
+            raise
+        self.rows.append(row)
+
     def _join_draft(self, row: Row, prompt: Sequence[int]) -> None:
-        """A row drafting with a draft model takes a slot of its shared draft cache."""
         p = _shared(row.cfg.proposer)
         if p is None:
             return
@@ -157,12 +157,9 @@ class Batch:
         """Drop a row now (no more events for it); its slot is free for the next arrival."""
         if row in self.rows:
             row.finished = True
-            self._leave(row)
+            self._vacate(row)
 
-    def _leave(self, row: Row) -> None:
-        self._vacate(row, keep=True)
-
-    def _vacate(self, row: Row, keep: bool) -> None:
+    def _vacate(self, row: Row, keep: bool = True) -> None:
         """The row leaves: its slot goes back (a kept prefix when ``keep``); the row in the
         highest slot moves into it, so that the rows keep slots 0..n-1, which a faster
         forward may read as one view of the slot buffers (gateway/speed)."""
@@ -180,14 +177,11 @@ class Batch:
         self.prefixes.keep(freed, scope, tokens)
         p = _shared(row.cfg.proposer)
         db = self.drafts.get(id(p.draft)) if p is not None else None
-        if db is not None and p is not None:
-            # an idle draft keeps its cache for the next request that drafts with it
-            # (zeroing a 16-slot cache again took ~30 ms a request on this CPU)
-            db.leave(p, row.cfg.cache_scope)
+        if db is not None and p is not None:  # an idle draft keeps its cache for the next
+            db.leave(p, row.cfg.cache_scope)  # request drafting with it (zeroing is slow)
 
     def _drop_idle_drafts(self) -> None:
-        """Before another draft's cache is allocated, free those nobody drafts with (a
-        rollout moved on): idle caches live only until another draft needs one."""
+        """Before another draft's cache is allocated, free those nobody drafts with."""
         for key in [k for k, db in self.drafts.items() if not db.members]:
             del self.drafts[key]
 
@@ -236,7 +230,7 @@ class Batch:
                 self._verify(plans, events)  # 5-9
         out = [(r, events[id(r)]) for r in self.rows if events[id(r)]]
         for row in [r for r in self.rows if r.finished]:
-            self._leave(row)
+            self._vacate(row)
         self._last = None
         if plans and self.rows and not prefilled:  # the next step follows at once
             self._last = StepMark(started, len(plans), any(k for _, k in ks), self._forward_s)

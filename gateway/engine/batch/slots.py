@@ -172,12 +172,15 @@ class SlotCache(Cache):
                          [v[slot, :, :n].clone() for v in values])  # fmt: skip
 
     def restore(self, slot: int, saved: Saved) -> None:
-        """Put a saved copy into `slot` (a taken one), bit for bit, and set its length."""
+        """Put a saved copy into `slot` (a taken one), bit for bit, and set its length. A
+        cache no forward has built yet (a batch made anew) is built from the copy's shape."""
         if saved.length and not saved.keys:
             raise RuntimeError("a saved slot's keys and values are missing")
         if saved.keys:
             if not self.allocated:
-                raise RuntimeError("cannot restore a slot into a cache no forward has built")
+                layers = [layer for layer in self.layers if isinstance(layer, SlotLayer)]
+                for layer, k, v in zip(layers, saved.keys, saved.values, strict=True):
+                    layer.lazy_initialization(k[None], v[None])
             keys, values = self.buffers()
             with torch.inference_mode():
                 for buffer, part in zip((*keys, *values), (*saved.keys, *saved.values),

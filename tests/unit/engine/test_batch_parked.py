@@ -89,3 +89,24 @@ def test_a_full_batch_refuses_a_resume_and_keeps_the_row_parked(llama_lm) -> Non
         batch.resume(parked)
     with pytest.raises(ValueError):
         batch.park(row)  # not in the batch any more
+
+
+def test_a_row_resumes_exactly_in_a_batch_made_anew(llama_lm) -> None:
+    """A batch whose forward failed is made anew; a row parked from the old one resumes in
+    the new one before any forward there has built its buffers."""
+    engine = Engine(llama_lm)
+    job = mixed_jobs(engine, llama_lm)[0]
+    want = engine.run(job.req).token_ids
+    old = engine.batch(2)
+    row = old.add(engine.prepare(job.req))
+    for _ in range(5):
+        old.step()
+    parked = old.park(row)
+    fresh = engine.batch(2)
+    assert not fresh.cache.allocated
+    fresh.resume(parked)
+    got: list[int] = []
+    while not got:
+        for _, events in fresh.step():
+            got += [t for e in events if isinstance(e, Finished) for t in e.result.token_ids]
+    assert got == list(want)

@@ -47,27 +47,48 @@ def test_a_parked_job_resumes_first_costs_no_queue_place_and_is_never_evicted() 
     assert q.parked == 0
 
 
-async def _run(tmp_path: Path, monkeypatch: Any, preempt: str) -> dict[str, Any]:
-    engine = spied_engine(tmp_path, monkeypatch, lambda *_: None)
+CASES = {
+    "on": {},
+    "off": {"preempt": False},  # the row cap leaves a row instead
+    "unparkable": {"parkable": False},  # a backend whose memory cannot save a slot
+    "off-whole-batch": {"preempt": False, "hog_rows": BATCH},  # the negative control
+    "park-fails": {"save_fails": True},  # out of memory copying keys and values out
+}
+
+
+async def _run(tmp_path: Path, monkeypatch: Any, case: dict[str, Any]) -> dict[str, Any]:
+    decode_rows: list[int] = []
+    engine = spied_engine(
+        tmp_path, monkeypatch,
+        lambda slots, tokens, kw: None if kw.get("keep_last") else decode_rows.append(len(slots)),
+    )  # fmt: skip
     eos = engine.target.model.config.eos_token_id
 
     def request(prompt: tuple[int, ...], n: int) -> DecodeRequest:
         sampling = SamplingParams(temperature=0.0, max_tokens=n, banned_token_ids=(eos,))
         return DecodeRequest(prompt, sampling)
 
-    hogs = [request((5 + i, 6, 7), 240) for i in range(BATCH)]
-    victims = [request((9, 10 + i, 11, 12), 16) for i in range(3)]
+    hogs = [request((5 + i, 6, 7), 160) for i in range(BATCH)]
+    victims = [request((9, 10 + i, 11, 12), 12) for i in range(3)]
     worker = started(max_active=BATCH, max_batch=BATCH)
-    if preempt == "off":
-        monkeypatch.setattr(worker, "preempt", False)
-    if preempt == "unparkable":  # a backend whose memory cannot save a slot (llama.cpp's)
+    monkeypatch.setattr(worker, "preempt", case.get("preempt", True))
+    if not case.get("parkable", True):
         monkeypatch.setattr(SlotCache, "parkable", False)
+    if case.get("save_fails"):
+
+        def fail(self: SlotCache, slot: int) -> None:
+            raise RuntimeError("out of memory (simulated)")
+
+        monkeypatch.setattr(SlotCache, "save", fail)
+    hog = Share("hog", max_rows=case.get("hog_rows"))
     order: list[str] = []
     try:
-        hog_jobs = [worker.submit_decode(engine, r, share=Share("hog")) for r in hogs]
+        hog_jobs = [worker.submit_decode(engine, r, share=hog) for r in hogs]
         hog_events = [worker.events(j) for j in hog_jobs]
-        for events in hog_events:  # the hog holds the whole batch (its default cap)
-            await asyncio.wait_for(anext(events), timeout=60)
+        await asyncio.wait_for(anext(hog_events[0]), timeout=60)
+        while len(decode_rows) < 8:  # the hog's rows step on a while, alone
+            await asyncio.sleep(0.01)
+        hog_rows_alone = max(decode_rows)
 
         async def finish(events: Any, tag: str) -> list[int]:
             got = [e async for e in events]
@@ -80,28 +101,39 @@ async def _run(tmp_path: Path, monkeypatch: Any, preempt: str) -> dict[str, Any]
             *(finish(e, "hog") for e in hog_events),
             *(finish(worker.events(j), "victim") for j in victim_jobs),
         ), timeout=240)  # fmt: skip
+        alive = worker._thread.is_alive()
     finally:
         worker.stop()
     # Exact, parked or not: every row decodes what it decodes alone.
     assert results == [list(engine.run(r).token_ids) for r in [*hogs, *victims]]
     return {
+        "hog_rows_alone": hog_rows_alone,
         "victims_before_any_hog": order[:3] == ["victim"] * 3,
         "preemptions": worker.preemptions,
         "hog_waited": sum(j.fair_wait for j in hog_jobs),
+        "worker_alive": alive,
     }
 
 
-@pytest.mark.parametrize("preempt", ["on", "off", "unparkable"])
+@pytest.mark.parametrize("name", list(CASES))
 async def test_an_arrival_takes_a_row_from_a_tenant_past_its_share(
-    tmp_path: Path, monkeypatch: Any, preempt: str
+    tmp_path: Path, monkeypatch: Any, name: str
 ) -> None:
-    """``off`` is the negative control; ``unparkable``: a batch whose cache cannot save a
-    slot is never preempted (its rows keep their slots, as without preemption)."""
-    seen = await _run(tmp_path, monkeypatch, preempt)
-    if preempt == "on":
+    """With preemption a tenant alone holds the whole batch and arrivals are still served
+    first. Without it (``off``, ``unparkable``) the default cap leaves a row for them; the
+    negative control, without preemption and a hog allowed the whole batch, makes them wait
+    for the hog. A preemption that fails leaves everything as it was: the worker goes on and
+    the arrivals wait for a hog row."""
+    seen = await _run(tmp_path, monkeypatch, CASES[name])
+    assert seen["worker_alive"], seen
+    if name == "on":
         # the victim's share of 4 rows beside the hog is 2: two hog rows parked at once (a
         # parked row that resumes while a victim request waits may be parked again)
+        assert seen["hog_rows_alone"] == BATCH and seen["victims_before_any_hog"], seen
         assert seen["preemptions"] >= 2 and seen["hog_waited"] >= 2, seen
-        assert seen["victims_before_any_hog"], seen
-    else:
-        assert seen["preemptions"] == 0 and not seen["victims_before_any_hog"], seen
+    elif name in ("off", "unparkable"):
+        assert seen["hog_rows_alone"] == BATCH - 1 and seen["victims_before_any_hog"], seen
+        assert seen["preemptions"] == 0, seen
+    else:  # off-whole-batch, park-fails
+        assert seen["hog_rows_alone"] == BATCH and not seen["victims_before_any_hog"], seen
+        assert seen["preemptions"] == 0, seen
