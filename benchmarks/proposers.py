@@ -19,11 +19,16 @@ models_registry/demo/manifest.yaml, adaptive k in [1, 8], 128 new tokens. Two wo
   request's prompt and output (what gateway/serving/suffix_store.py does), empty at the
   start of every timed run: it sees only the session's earlier requests.
 
+The feature head (issue 47; models_registry/demo's draft version of kind `head`, loaded on
+the target as the gateway's pool loads it) runs as config "head" beside draft v2 when the
+manifest has one.
+
 Reported per config and workload: tau = tokens per target forward (1.0 for standard),
 acceptance = accepted / drafted, tokens/s, speed over standard (median of paired per-run
 ratios) and whether the output equals standard decoding's. Configs are interleaved per
-request so that load on the shared machine hits them alike. The goal from the issue:
-suffix's tau >= 2x prompt lookup's on the agentic workload.
+request so that load on the shared machine hits them alike. The goals from the issue:
+suffix's tau >= 2x prompt lookup's on the agentic workload; the head's tau >= 5.0 on the
+held-out set with a chain, and its tokens/s >= 1.25x draft v2's there.
 """
 
 from __future__ import annotations
@@ -39,7 +44,14 @@ from typing import Any
 import torch
 
 from benchmarks._pairs import load_pair
-from gateway.engine import DecodeRequest, DecodeResult, Engine, LoadedModel, SamplingParams
+from gateway.engine import (
+    DecodeRequest,
+    DecodeResult,
+    Engine,
+    LoadedModel,
+    SamplingParams,
+    load_head_model,
+)  # fmt: skip
 from gateway.engine.proposers.suffix import SuffixIndex
 
 HERE = Path(__file__).resolve().parent
@@ -109,7 +121,7 @@ def _greedy_text(engine: Engine, text: str) -> str:
 
 
 def _requests(
-    p: tuple[int, ...], tenant: _Tenant, draft: LoadedModel
+    p: tuple[int, ...], tenant: _Tenant, draft: LoadedModel, head: LoadedModel | None = None
 ) -> list[tuple[str, DecodeRequest, LoadedModel | None]]:
     sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
     spec = {"mode": "speculative", "k_min": K_MIN, "k_max": K_MAX}
@@ -118,25 +130,43 @@ def _requests(
         ("draft_v2", DecodeRequest(p, sp, proposer="draft", **spec), draft),  # type: ignore[arg-type]
         ("prompt_lookup", DecodeRequest(p, sp, proposer="prompt_lookup", **spec), None),  # type: ignore[arg-type]
         ("suffix", DecodeRequest(p, sp, proposer="suffix", suffix_source=tenant, **spec), None),  # type: ignore[arg-type]
+        *(
+            [("head", DecodeRequest(p, sp, proposer="draft", **spec), head)]  # type: ignore[arg-type]
+            if head is not None
+            else []
+        ),
     ]
 
 
+def _demo_head(target: LoadedModel) -> LoadedModel | None:
+    """The demo manifest's newest draft of kind `head`, on the target; None without one."""
+    import yaml
+
+    manifest = HERE.parent / "models_registry" / "demo" / "manifest.yaml"
+    heads = [e for e in yaml.safe_load(manifest.read_text())["models"] if e.get("kind") == "head"]
+    if not heads:
+        return None
+    return load_head_model(str(manifest.parent / heads[-1]["path"]), target)
+
+
 def _workload(
-    engine: Engine, draft: LoadedModel, prompts: list[tuple[int, ...]], runs: int
-) -> dict[str, Any]:
-    configs = {name: _Runs() for name in CONFIGS}
+    engine: Engine, draft: LoadedModel, prompts: list[tuple[int, ...]], runs: int,
+    head: LoadedModel | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    names = (*CONFIGS, "head") if head is not None else CONFIGS
+    configs = {name: _Runs() for name in names}
     for _ in range(runs):
         tenant = _Tenant()  # empty at the start of every run
-        secs = dict.fromkeys(CONFIGS, 0.0)
-        results: dict[str, list[DecodeResult]] = {n: [] for n in CONFIGS}
+        secs = dict.fromkeys(names, 0.0)
+        results: dict[str, list[DecodeResult]] = {n: [] for n in names}
         for p in prompts:
-            for name, req, d in _requests(p, tenant, draft):
+            for name, req, d in _requests(p, tenant, draft, head):
                 t0 = time.perf_counter()
                 res = engine.run(req, draft=d)
                 secs[name] += time.perf_counter() - t0
                 results[name].append(res)
             tenant.suffix.add((*p, *results["suffix"][-1].token_ids))
-        for name in CONFIGS:
+        for name in names:
             configs[name].seconds.append(secs[name])
             configs[name].results = results[name]
     base = configs["standard"]
@@ -176,6 +206,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     pair = load_pair()
     engine = Engine(pair.target)
     draft = pair.drafts["v2"]
+    head = _demo_head(pair.target)
     files = _files(quick)
     tok = engine.tokenizer
 
@@ -185,7 +216,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     heldout = [ids(f["prompt"]) for f in files]
     agentic = [ids(t) for session in _agentic_prompts(engine, files) for t in session]
     runs = 1 if quick else 2
-    _workload(engine, draft, heldout[:1], 1)  # warm-up: every config once
+    _workload(engine, draft, heldout[:1], 1, head)  # warm-up: every config once
     result: dict[str, Any] = {
         "models": pair.source,
         "device": str(pair.target.device),
@@ -194,8 +225,8 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         "k": [K_MIN, K_MAX],
         "runs": runs,
         "workloads": {
-            "heldout": _workload(engine, draft, heldout, runs),
-            "agentic": _workload(engine, draft, agentic, runs),
+            "heldout": _workload(engine, draft, heldout, runs, head),
+            "agentic": _workload(engine, draft, agentic, runs, head),
         },
     }
     ag = result["workloads"]["agentic"]["configs"]
@@ -205,6 +236,17 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         "target": 2.0,
         "met": ratio >= 2.0,
     }
+    if head is not None:
+        held = result["workloads"]["heldout"]["configs"]
+        speed = held["head"]["tokens_per_s"] / max(held["draft_v2"]["tokens_per_s"], 1e-9)
+        result["goal_head"] = {
+            "head": head.path.split("models_registry/")[-1],
+            "tau_heldout": held["head"]["tau"],
+            "tau_target": 5.0,
+            "tokens_per_s_over_draft_v2_heldout": round(speed, 3),
+            "speed_target": 1.25,
+            "met": held["head"]["tau"] >= 5.0 and speed >= 1.25,
+        }
     return result
 
 
@@ -220,4 +262,11 @@ def table(result: dict[str, Any]) -> str:
     g = result["goal"]
     ratio, met = g["suffix_tau_over_prompt_lookup_agentic"], "met" if g["met"] else "missed"
     rows.append(f"suffix tau / prompt lookup tau (agentic): {ratio} (goal >= 2.0: {met})")
+    h = result.get("goal_head")
+    if h is not None:
+        rows.append(
+            f"head (held-out): tau {h['tau_heldout']} (goal >= 5.0), tokens/s "
+            f"{h['tokens_per_s_over_draft_v2_heldout']}x draft v2's (goal >= 1.25): "
+            f"{'met' if h['met'] else 'missed'}"
+        )
     return "\n".join(rows)

@@ -51,13 +51,15 @@ class HeadConfig:
 
     @staticmethod
     def for_target(config: object) -> HeadConfig:
-        """EAGLE-3's choice of taps for a target config: after layers 2, L/2 and L - 3."""
+        """The taps for a target config: low, middle and top, after layers 2, L/2 and L
+        (the final norm's output, what the output head reads; EAGLE-3 takes L - 3 on
+        32-layer targets, which on a 12-layer one would leave a quarter of it unread)."""
         layers = int(getattr(config, "num_hidden_layers"))  # noqa: B009
         hidden = int(getattr(config, "hidden_size"))  # noqa: B009
         heads = int(getattr(config, "num_attention_heads"))  # noqa: B009
         rope = getattr(config, "rope_parameters", None) or {}
         theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-        taps = tuple(sorted({min(2, layers), max(1, layers // 2), max(1, layers - 3)}))
+        taps = tuple(sorted({min(2, layers), max(1, layers // 2), layers}))
         return HeadConfig(
             hidden=hidden, heads=heads, head_dim=hidden // heads,
             intermediate=int(getattr(config, "intermediate_size", 4 * hidden)),

@@ -119,3 +119,24 @@ def test_a_head_must_be_a_draft(models, tmp_path) -> None:
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ManifestError, match="kind"):
         load_manifest(path)
+
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "heads.md"
+
+
+def test_the_docs_commands_are_the_commands_the_cli_takes() -> None:
+    """docs/heads.md's `heads` commands parse (its training settings are the demo head's)."""
+    from models_registry.heads.cli import build_parser
+
+    text = DOC.read_text()
+    commands = [
+        block.replace("\\\n", " ").split()
+        for block in text.split("```bash\n")[1:]
+        if block.startswith("python -m models_registry heads")
+    ]
+    commands = [c[: c.index("```")] if "```" in c else c for c in commands]
+    assert {c[4] for c in commands} == {"corpus", "train"}
+    for c in commands:
+        build_parser().parse_args(c[4:])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--target", "x"])  # the control: --data missing
