@@ -86,3 +86,34 @@ def test_standard_steps_compute_no_hidden_states(monkeypatch) -> None:
     while batch.rows:
         batch.step()
     assert asked and not any(asked)
+
+
+class CompiledThatRefuses:
+    """Stands in for a model's compiled forwards: records being asked, serves nothing."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def serves(self, *args) -> bool:
+        self.asked += 1
+        return False
+
+
+@pytest.mark.parametrize("tapped", [True, False])
+def test_a_tapped_step_skips_the_compiled_forward_and_runs_lean(tapped) -> None:
+    """A compiled step returns logits only, so a step with a tap goes to the lean decoder,
+    which fills the tap; the control: a step without one is offered to the compiled one."""
+    from gateway.speed.fast import Accelerated
+
+    lm = wrap_fast(llama(VOCAB, EOS, seed=9, init=0.3), TOKENIZER)
+    compiled = CompiledThatRefuses()
+    fast = Accelerated(lean=lean_of(lm), compiled=compiled)  # type: ignore[arg-type]
+    object.__setattr__(lm, "fast", fast)
+    cache = slot_cache(lm.model, 1, CONTEXT, pad=16)
+    tap = FeatureTap((1, 2)) if tapped else None
+    with torch.inference_mode():
+        batched_forward(lm.model, Step(cache, [0], [[4, 5, 6]], tap=tap), lm.fast)
+    assert (compiled.asked == 0) is tapped
+    if tap is not None:
+        torch.testing.assert_close(tap.of(0, (1, 2)), reference(lm.model, [4, 5, 6], (1, 2)),
+                                   atol=1e-4, rtol=1e-4)  # fmt: skip
