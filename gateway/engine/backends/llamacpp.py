@@ -48,7 +48,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import llama_cpp as lc
-import numpy as np
 import torch
 
 from gateway.engine.backends.base import BackendCache
@@ -178,6 +177,9 @@ class LlamaCppCache(BackendCache):
         batch = lc.llama_batch_init(n_batch, 0, 1)
         self._ctx, self._batch = ctx, batch
         self._finalizer = weakref.finalize(self, _free, ctx, batch)
+        for i in range(n_batch):  # every entry is in one sequence, set once
+            batch.n_seq_id[i] = 1
+        self._seq_of = [batch.seq_id[i] for i in range(n_batch)]  # entry i's seq id array
         self._mem = lc.llama_get_memory(ctx)
         self._n_batch = n_batch
         self.held = [0] * slots  # positions 0..held[s]-1 of sequence s are in the memory
@@ -256,28 +258,26 @@ class LlamaCppCache(BackendCache):
 
     def _decode(self, ids: array, pos: array, seqs: array, outs: array, a: int) -> torch.Tensor:
         """Entries a..a+n_batch of the flat step in one llama_decode: their outputs' logits,
-        (outputs, V) float32."""
+        (outputs, V) float32, copied once out of llama.cpp's buffer into a new tensor."""
         b = self._batch
         n = min(self._n_batch, len(ids) - a)
         ctypes.memmove(b.token, ids.buffer_info()[0] + 4 * a, 4 * n)
         ctypes.memmove(b.pos, pos.buffer_info()[0] + 4 * a, 4 * n)
-        ones = array("i", [1] * n)  # kept alive until copied
-        ctypes.memmove(b.n_seq_id, ones.buffer_info()[0], 4 * n)
         ctypes.memmove(b.logits, outs.buffer_info()[0] + a, n)
-        seq_id = b.seq_id
+        seq_of = self._seq_of
         for i in range(n):
-            seq_id[i][0] = seqs[a + i]
+            seq_of[i][0] = seqs[a + i]
         b.n_tokens = n
         rc = lc.llama_decode(self._ctx, b)
         self.decodes += 1
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} ({n} tokens)")
         wanted = sum(outs[a : a + n])
-        v = self.model.n_vocab
-        if not wanted:
-            return torch.empty((0, v), dtype=torch.float32)
-        ptr = lc.llama_get_logits(self._ctx)
-        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(wanted, v)).copy())
+        out = torch.empty((wanted, self.model.n_vocab), dtype=torch.float32)
+        if wanted:
+            src = ctypes.addressof(lc.llama_get_logits(self._ctx).contents)
+            ctypes.memmove(out.data_ptr(), src, out.numel() * 4)
+        return out
 
 
 def _free(ctx: Any, batch: Any) -> None:
