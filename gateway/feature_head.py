@@ -89,11 +89,15 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(var + self.eps))
 
 
-def rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding of x (B, heads, T, D) at positions pos (B, T)."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    ang = pos.to(torch.float32)[..., None] * inv  # (B, T, D/2)
+def inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """The rotary embedding's frequencies, (D/2,)."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def rotate(x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x (B, heads, T, D) at positions pos (B, T), with the
+    frequencies inv (D/2,)."""
+    ang = pos.to(torch.float32)[..., None] * inv.float()  # (B, T, D/2)
     emb = torch.cat([ang, ang], dim=-1)[:, None]  # (B, 1, T, D)
     cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
     half = x.shape[-1] // 2
@@ -108,6 +112,7 @@ class FeatureHead(nn.Module):
     embed: torch.Tensor
     out: torch.Tensor
     out_ids: torch.Tensor | None
+    inv_freq: torch.Tensor
 
     def __init__(
         self, cfg: HeadConfig, embed: torch.Tensor, out: torch.Tensor,
@@ -128,6 +133,8 @@ class FeatureHead(nn.Module):
         self.register_buffer("embed", embed.detach(), persistent=False)
         self.register_buffer("out", out.detach(), persistent=False)
         self.register_buffer("out_ids", out_ids, persistent=False)
+        inv = inverse_frequencies(cfg.head_dim, cfg.rope_theta).to(embed.device)
+        self.register_buffer("inv_freq", inv, persistent=False)
 
     # -- the pieces (training composes them with its own attention mask) -------------------
 
@@ -145,7 +152,7 @@ class FeatureHead(nn.Module):
         b, t = tokens.shape
         c = self.cfg
         q, k, v = self.qkv(x).view(b, t, 3, c.heads, c.head_dim).permute(2, 0, 3, 1, 4)
-        return rotate(q, pos, c.rope_theta), rotate(k, pos, c.rope_theta), v
+        return rotate(q, pos, self.inv_freq), rotate(k, pos, self.inv_freq), v
 
     def finish(self, g: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The layer's output o (B, T, H) from the attention's (B, heads, T, D)."""
