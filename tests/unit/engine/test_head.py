@@ -204,3 +204,13 @@ def test_the_chi_square_test_catches_a_wrong_residual_with_the_head(
     counts, _ = first_token_counts(eng, restricted_head)
     stat, critical = chi_square_vs_target(eng, counts)
     assert stat > critical, (stat, critical)
+
+
+def test_a_head_row_inside_a_batch_samples_the_target_distribution(eng, restricted_head) -> None:
+    """test_batch_sampled.py's batched test (its control fails it) with the head drafting."""
+    from .test_batch_sampled import batched_first_token_counts
+
+    counts, drafted, shared = batched_first_token_counts(eng, restricted_head)
+    assert drafted > SAMPLES // 2 and shared == SAMPLES  # drafted, and in company
+    stat, critical = chi_square_vs_target(eng, counts)
+    assert stat < critical, (stat, critical)
