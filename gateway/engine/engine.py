@@ -84,8 +84,10 @@ class Engine:
 
     @property
     def parkable(self) -> bool:
-        """Whether its batch can park rows (`Batch.park`): not on a backend's memory."""
-        return not isinstance(self._target.model, BackendModel)
+        """Whether its batch can park rows (`Batch.park`): on a backend's memory only where
+        its model says its caches save and restore slots (a `parkable` attribute)."""
+        model = self._target.model
+        return not isinstance(model, BackendModel) or bool(getattr(model, "parkable", False))
 
     def batch(
         self, max_rows: int, prefill_chunk: int = PREFILL_CHUNK,

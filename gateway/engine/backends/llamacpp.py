@@ -13,17 +13,17 @@ The slots' lengths (SlotCache.length) stay the truth, as for the torch path: the
 commits by setting them. What a sequence holds past its slot's length (rejected draft
 tokens, a leaving row's tokens after `take` reset the slot) is removed right before the
 next forward writes there (`llama_memory_seq_rm`): rollback is sequence removal, done
-lazily. A kept prefix moves between slots by `llama_memory_seq_cp`.
+lazily. A kept prefix moves between slots, and a parked row's slot is saved and restored,
+as llama.cpp's copy of a sequence (`llama_state_seq_get_data` / `set_data`).
 
 Each sequence has a KV stream of its own (llama.cpp's non-unified layout): a row's keys
 and values sit in its stream's cells in position order whatever the other rows do, and
 attention runs over its own cells only. In one shared pool of cells (`kv_unified`) a
 row's cells land wherever cells are free, and the order its attention sums them in moves
 its logits (after another row's cells were freed before it): with streams of their own a
-row's logits are the same alone and beside any other rows (docs/backends.md). Their costs: a
+row's logits are the same alone and beside any other rows (docs/backends.md). Their cost: a
 forward whose rows bring different numbers of tokens is decoded by llama.cpp in several
-passes (each pass an equal number per row), and a kept prefix moves between slots by
-copying the source's whole stream.
+passes (each pass an equal number per row).
 
 Numerics: llama.cpp's kernels that compute a forward of several tokens differently from
 one of one token are turned off (`_init`), so a token's logits do not depend on the
@@ -51,6 +51,7 @@ import llama_cpp as lc
 import torch
 
 from gateway.engine.backends.base import BackendCache
+from gateway.engine.batch.slots import Saved
 from gateway.engine.errors import VocabularyMismatch
 from gateway.engine.models import LoadedModel
 
@@ -95,6 +96,8 @@ class LlamaCppModel:
     """A GGUF model's weights in llama.cpp (CPU). `config` holds what the engine reads of a
     model's config (layers, for the k policy's static c); `slot_cache` builds the contexts
     its forwards run in."""
+
+    parkable = True  # its caches save and restore a slot (`LlamaCppCache.save`, `restore`)
 
     def __init__(
         self, path: str | Path, threads: int | None = None, kv_type: str = "f16",
@@ -153,6 +156,8 @@ class LlamaCppModel:
 class LlamaCppCache(BackendCache):
     """`slots` sequences of up to `capacity` tokens in one llama_context (seq id = slot)."""
 
+    parkable = True  # a slot is saved and restored as llama.cpp's copy of its sequence
+
     def __init__(
         self, model: LlamaCppModel, slots: int, capacity: int, pad: int = 0,
         unified: bool = False,
@@ -186,17 +191,52 @@ class LlamaCppCache(BackendCache):
         self.decodes = 0  # llama_decode calls
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        """Sequence src's positions 0..n-1 into sequence dst, which drops what it held.
-        Between streams llama.cpp copies a whole stream (the data moves at the next
-        decode); dst then drops the positions from n on."""
+        """Sequence src's positions 0..n-1 into sequence dst, which drops what it held: a
+        copy of src's sequence (`save`) put into dst, then dst's positions from n on
+        dropped. Not `llama_memory_seq_cp`: between streams it copies at the next decode,
+        reading the source stream then, after `restore` may have written another row into
+        it."""
         if n <= 0 or src == dst:
             return
         if n > self.held[src]:
             raise ValueError(f"slot {src} holds {self.held[src]} positions, not {n}")
-        lc.llama_memory_seq_rm(self._mem, dst, -1, -1)
-        lc.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        self._put(dst, self._state(src))
         lc.llama_memory_seq_rm(self._mem, dst, n, -1)
         self.held[dst] = n
+
+    def save(self, slot: int) -> Saved:
+        """Sequence `slot`'s committed positions as llama.cpp's own copy of a sequence
+        (`llama_state_seq_get_data`: its cells' positions, keys and values), bytes held in
+        one uint8 tensor (`Saved.keys`); what it held past its length is dropped first."""
+        n = self.length[slot]
+        self._trim(slot, n)
+        return Saved(n, [self._state(slot)] if n else [], [])
+
+    def restore(self, slot: int, saved: Saved) -> None:
+        """A saved sequence into sequence `slot` (a taken slot), bit for bit: its cells as
+        they were, so its next forwards give the logits it would have had unparked."""
+        if saved.length and not saved.keys:
+            raise RuntimeError("a saved slot's keys and values are missing")
+        self._put(slot, saved.keys[0] if saved.length else None)
+        self.held[slot] = self.length[slot] = saved.length
+
+    def _state(self, slot: int) -> torch.Tensor:
+        """The bytes of llama.cpp's copy of sequence `slot` (every position it holds)."""
+        size = lc.llama_state_seq_get_size(self._ctx, slot)
+        data = torch.empty(size, dtype=torch.uint8)
+        got = lc.llama_state_seq_get_data(self._ctx, _bytes(data), size, slot)
+        if got == 0 or got > size:
+            raise RuntimeError(f"llama.cpp could not copy sequence {slot} ({got} of {size})")
+        return data[:got]
+
+    def _put(self, slot: int, data: torch.Tensor | None) -> None:
+        """Sequence `slot` emptied, then given the sequence copied in `data` (`_state`)."""
+        lc.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        self.held[slot] = 0
+        if data is not None:
+            data = data.contiguous()
+            if lc.llama_state_seq_set_data(self._ctx, _bytes(data), data.numel(), slot) == 0:
+                raise RuntimeError(f"llama.cpp could not put a sequence into slot {slot}")
 
     def forward(
         self, slots: list[int], tokens: list[list[int]], keep_last: bool, logits: bool = True
@@ -278,6 +318,11 @@ class LlamaCppCache(BackendCache):
             src = ctypes.addressof(lc.llama_get_logits(self._ctx).contents)
             ctypes.memmove(out.data_ptr(), src, out.numel() * 4)
         return out
+
+
+def _bytes(data: torch.Tensor) -> Any:
+    """A uint8 CPU tensor's memory as the `uint8_t *` llama.cpp's state calls take."""
+    return ctypes.cast(data.data_ptr(), ctypes.POINTER(ctypes.c_uint8))
 
 
 def _free(ctx: Any, batch: Any) -> None:
