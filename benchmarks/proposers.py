@@ -3,7 +3,7 @@
     python -m benchmarks [--quick] proposers
 
 Greedy, one client (Engine.run, one request at a time), the demo pair of
-models_registry/demo/manifest.yaml, adaptive k in [1, 8], 128 new tokens. Two workloads:
+models_registry/demo/manifest.yaml, adaptive k in [1, 16], 128 new tokens. Two workloads:
 
 - heldout: benchmarks/prompts/heldout.jsonl (held-out standard-library code), one request
   per prompt, in order.
@@ -57,7 +57,7 @@ from gateway.engine.proposers.suffix import SuffixIndex
 HERE = Path(__file__).resolve().parent
 HELDOUT = HERE / "prompts" / "heldout.jsonl"
 NEW_TOKENS = 128
-K_MIN, K_MAX = 1, 8
+K_MIN, K_MAX = 1, 16  # the policy range speculative tenants are given here (default: 1-8)
 BUDGET = 65_536  # the serving layer's default per-tenant budget
 CONFIGS = ("standard", "draft_v2", "prompt_lookup", "suffix")
 TOOLS = ("read_file", "apply_edit", "run_tests")
