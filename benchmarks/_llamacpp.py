@@ -114,7 +114,8 @@ def server(
     if draft is not None:
         cmd += ["-md", str(gguf(draft, kind)), "--spec-draft-n-max", str(n_max)]
     cmd += extra
-    log = HOME / f"server-{draft or 'target'}-{kind}.log"  # one each: two may run at once
+    tag = "-extra" if extra else ""  # one log each: several may run at once
+    log = HOME / f"server-{draft or 'target'}-{kind}{tag}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
