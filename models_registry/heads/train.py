@@ -153,18 +153,21 @@ def train(a: TrainArgs, progress: bool = True) -> dict[str, Any]:
     opt = torch.optim.AdamW(head.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
     a.work.mkdir(parents=True, exist_ok=True)
     ckpt = a.work / CHECKPOINT
-    step, log = 0, []
+    step, log, spent = 0, [], 0.0  # spent: training seconds of the earlier runs
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["opt"])
         step, log = int(state["step"]), list(state["log"])
+        spent = float(state.get("seconds", 0.0))
     data = _encoded(tok, a)
     t0 = time.monotonic()
     bar = tqdm(total=a.steps, initial=step, disable=not progress, desc="head", unit="step")
 
     def save() -> None:
-        state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "log": log}
+        seconds = spent + time.monotonic() - t0
+        state = {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
+                 "seconds": seconds}  # fmt: skip
         torch.save(state, a.work / (CHECKPOINT + ".tmp"))
         (a.work / (CHECKPOINT + ".tmp")).replace(ckpt)
 
@@ -206,6 +209,7 @@ def train(a: TrainArgs, progress: bool = True) -> dict[str, Any]:
             "last_agree": [round(float(np.mean([r["agree"][i] for r in tail])), 3)
                            for i in range(a.ttt)],
             "data": a.data.name,
+            "train_seconds": round(spent + time.monotonic() - t0, 1),
         }  # fmt: skip
         (a.out / "train_log.json").write_text(json.dumps(summary, indent=2) + "\n")
     return {"step": step, "done": done, "seconds": round(time.monotonic() - t0, 1)}
