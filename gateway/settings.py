@@ -118,10 +118,10 @@ class Settings:
     memory beyond the batch's slots, which exist anyway. ``false``: every prompt is
     prefilled."""
     fair_steps: str = "auto"
-    """``on``, ``off`` or ``auto``: each decoding step, the rows of a tenant that has been
-    served more than its share (its weighted tokens lead the least of the tenants sharing the
-    batch by more than a bound) sit the step out, so that they do not slow the others' step (see
-    [fair sharing](batching-and-speed.md#fair-sharing)). On a CPU a step costs about in
+    """``on``, ``off`` or ``auto``: when tenants share a batch, each decoding step only the
+    rows of the tenant with the least time of the batch so far (over its weight) step, and the
+    others sit the step out, so that one tenant's many long rows do not slow another's steps
+    (see [fair sharing](batching-and-speed.md#fair-sharing)). On a CPU a step costs about in
     proportion to its rows, so this is what keeps a tenant's latency beside another's long
     requests; on a GPU a step of many rows costs about what one costs, so holding rows back
     would only waste it. ``auto``: on, unless the models run on CUDA. ``true``/``false`` mean
@@ -132,7 +132,7 @@ class Settings:
     keys and values copied out of the batch, at most one batch's worth) and resumes, exactly
     where it stopped, in its tenant's turn (see [fair sharing](batching-and-speed.md#fair-sharing)).
     So a tenant alone uses the whole batch and an arrival never waits for a long request to
-    end. ``false`` (and on a llama.cpp target, whose memory cannot save a slot): a row keeps
+    end. ``false`` (and on a backend whose memory cannot save a slot): a row keeps
     its slot until its request ends, and a tenant's default row cap is three quarters of the
     batch, so that another tenant's arrival finds a row."""
     torch_threads: int | None = None

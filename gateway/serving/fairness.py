@@ -33,13 +33,17 @@ mechanisms, each bounded by the tenant's policy (`fairness` in its document):
   alone cannot keep a long request's rows from slowing another tenant's: on a CPU a step
   costs about in proportion to its rows and their contexts. So each batch step's time is
   charged to the tenants whose rows took it (an equal share per row, over the tenant's
-  weight), and each step the rows of a tenant whose charged time leads the least of the
-  tenants in the batch by more than `PACE_LEAD_S` sit the step out (they keep their slots
-  and caches; the others step without them). Time, not tokens: a token of a long context,
-  or of a row that drafts little, costs the worker more. A tenant alone in its batch never
-  sits out (the capacity nobody else uses stays its); one that joins a batch is lifted to
-  the least time of those already in it (nothing banked while away); between two tenants
-  decoding together the times part by at most `PACE_LEAD_S` plus one step's share.
+  weight), and each step only the rows of the tenant whose charged time is least step
+  (those of tenants level with it too); the others sit the step out, keeping their slots
+  and caches. One tenant a step: a row stepping beside another tenant's would wait for that
+  step's whole cost and be charged a part of it. Time, not tokens: a token of a long
+  context, or of a row that drafts little, costs the worker more. A tenant alone in its
+  batch never sits out (the capacity nobody else uses stays its). One that joins a batch
+  keeps its own time, but at least the least time of those already in it less
+  `JOIN_CREDIT_S`: a tenant back after a while steps first for up to that long (an ordinary
+  request then runs at about its speed alone), and nothing more is banked while away.
+  Between two tenants decoding together the times part by at most `JOIN_CREDIT_S` plus one
+  step.
 - **Share-aware refusals.** A full queue refuses the arrival only when its tenant holds at
   least its equal share of the queue (capacity / backlogged tenants); otherwise the newest
   job of the tenant holding the most jobs past its share is evicted (it ends with
@@ -67,9 +71,13 @@ FAIR_WAIT = "fairness.waited"
 another tenant's ran first (or because its tenant held its row cap while a row was free)."""
 PROMPT_WEIGHT = 1.0
 OUTPUT_WEIGHT = 2.0
-PACE_LEAD_S = 0.05
+PACE_LEAD_S = 0.0
 """Worker seconds (over weight) a tenant's charged time may lead the least among the tenants
-decoding in its batch before its rows sit a step out (`StepPacer.pace`)."""
+decoding in its batch before its rows sit a step out (`StepPacer.pace`): none, one tenant
+a step."""
+JOIN_CREDIT_S = 0.25
+"""Worker seconds (over weight) a tenant joining a batch may start behind the least time of
+those in it (`StepPacer.pace`): the burst an ordinary request gets on arrival."""
 
 
 class Overloaded(Exception):
@@ -306,18 +314,18 @@ class StepPacer:
         `PACE_LEAD_S`. None when fewer than two tenants share the batch.
 
         A tenant joining the batch is lifted to the least time of the tenants that stayed
-        in it, or, when none did, to the time of the last tenant that left it: nothing is
-        banked while away, and a tenant that had the batch to itself carries no lead into
-        the next tenant's arrival (without the floor, a tenant returning to an emptied
-        batch would keep an old, low time, and the one that had used the idle worker would
-        sit out until it caught up)."""
+        in it less `JOIN_CREDIT_S` (a bounded burst), or, when none stayed, to the time of
+        the last tenant that left it: nothing more is banked while away, and a tenant that
+        had the batch to itself carries no lead into the next tenant's arrival (without the
+        floor, a tenant returning to an emptied batch would keep an old, low time, and the
+        one that had used the idle worker would sit out until it caught up)."""
         present = {s.tenant for s in shares}
         before = self._present.get(batch, frozenset())
         self._present[batch] = frozenset(present)
         for t in before - present:  # left the batch
             self._floor[batch] = max(self._floor[batch], self._spent[t])
         stayed = [self._spent[t] for t in present & before]
-        level = min(stayed) if stayed else self._floor[batch]
+        level = min(stayed) - JOIN_CREDIT_S if stayed else self._floor[batch]
         for t in present - before:  # joined the batch
             self._spent[t] = max(self._spent[t], level)
         if len(present) < 2:

@@ -1,7 +1,8 @@
 """Fair steps (serving/fairness.py `StepPacer`): a row holds its slot until its request ends,
 so a tenant that came first with many long rows would slow every step another tenant's row
 takes. Each step's time is charged to the tenants whose rows took it, and the rows of a
-tenant whose time leads the batch's least by more than PACE_LEAD_S sit the step out.
+tenant whose time leads the batch's least by more than PACE_LEAD_S (none: one tenant a
+step) sit the step out; a tenant joining a batch starts up to JOIN_CREDIT_S behind.
 Checked on the pacer alone (its bound over random steps) and on the real worker with a tiny
 model: the victim gets steps of its own, and every row, held or not, still decodes exactly
 what it decodes alone. The negative controls turn the pacing off: the same checks then
@@ -18,25 +19,32 @@ import pytest
 
 from gateway.engine import DecodeRequest, Finished, SamplingParams
 from gateway.serving import fairness
-from gateway.serving.fairness import OUTPUT_WEIGHT, PACE_LEAD_S, Share, StepPacer
+from gateway.serving.fairness import (
+    JOIN_CREDIT_S,
+    OUTPUT_WEIGHT,
+    PACE_LEAD_S,
+    Share,
+    StepPacer,
+)
 from tests.unit.serving.test_worker import spied_engine, started
 
 HOG_ROWS = 3
 
 
-def test_pace_holds_only_a_tenant_that_leads_by_more_than_the_bound() -> None:
+def test_pace_steps_the_tenant_with_the_least_time_and_a_joiner_first() -> None:
     p = StepPacer()
     a, b, heavy_b = Share("a"), Share("b"), Share("b", weight=2.0)
     assert p.pace(0, [a, a, a]) == set()  # alone: never held
-    p.spend([a, a, a], 3 * PACE_LEAD_S)  # a's rows took the worker alone
-    assert p.pace(0, [a, a, b]) == set()  # b joins: lifted to a's time, nothing owed
-    p.spend([a, a, b], 3 * PACE_LEAD_S)  # a: 2 parts, b: 1
-    assert p.pace(0, [a, a, b]) == set()  # a leads by exactly the bound
-    p.spend([a, a, b], 0.03)
-    assert p.pace(0, [a, a, b]) == {"a"}
+    p.spend([a, a, a], 3.0)  # a's rows took the worker alone for 3 s
+    assert p.pace(0, [a, a, b]) == {"a"}  # b joins JOIN_CREDIT_S behind a: b steps first
+    assert p.spent("b") == pytest.approx(3.0 - JOIN_CREDIT_S)  # not 0: nothing more banked
+    p.spend([b], JOIN_CREDIT_S)  # b's step alone brings it level
+    assert p.pace(0, [a, a, b]) == set()  # level: both step
+    p.spend([a, a, b], 0.03)  # a: 2 parts, b: 1
+    assert p.pace(0, [a, a, b]) == {"a"}  # a leads by more than PACE_LEAD_S
     assert p.pace(0, [a]) == set()  # b left the batch
     assert p.pace(1, [a, b]) == {"a"}  # another batch: b is behind there too
-    p.spend([heavy_b], 4 * PACE_LEAD_S)  # a weight of 2 charges half
+    p.spend([heavy_b], 0.02)  # a weight of 2 charges half
     assert p.pace(1, [a, heavy_b]) == set()
 
 
