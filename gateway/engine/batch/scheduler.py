@@ -74,9 +74,10 @@ class Batch:
         costs: dict[int, ForwardCosts] | None = None,
         prefill_budget: int = PREFILL_BUDGET,
     ):
-        if max_rows < 1 or prefill_chunk < 1:
-            raise ValueError(f"a batch needs a row and a prefill chunk a token at least, got "
-                             f"{max_rows} rows and chunks of {prefill_chunk}")  # fmt: skip
+        if max_rows < 1:
+            raise ValueError(f"a batch needs at least one row, got {max_rows}")
+        if prefill_chunk < 1:
+            raise ValueError(f"a prefill chunk is at least one token, got {prefill_chunk}")
         self.target, self.max_rows, self.prefill_chunk = target, max_rows, prefill_chunk
         self.prefill_budget = max(prefill_chunk, prefill_budget)
         # The buffers' shape follows the chunk (a faster forward may be built for it).
