@@ -334,18 +334,15 @@ class InferenceWorker:
         try:
             if row is None:
                 raise RuntimeError("no row to preempt for a job picked by preemption")
-            parked = batches.park(row)
+            back = batches.park(row)  # the parked row's job goes back to the queue
         except Exception:
             log.exception("preemption failed; tenant %s waits for a row", job.share.tenant)
-            with self._lock:
-                self._active -= 1
-            self.fair.requeue(job)
-            return False
+            back = job  # the arrival goes back instead
         with self._lock:
             self._active -= 1
-        self.fair.requeue(parked)
-        self.preemptions += 1
-        return True
+        self.fair.requeue(back)
+        self.preemptions += back is not job
+        return back is not job
 
     def _close(self, job: Job, steps: Iterator[Any], out: Outbox) -> None:
         close = getattr(steps, "close", None)

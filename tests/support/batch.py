@@ -56,14 +56,20 @@ def drive(batch, engine: Engine, jobs: list[Job]) -> list[DecodeResult]:  # type
         for i, job in enumerate(jobs):
             if job.join_at == step:
                 rows[id(batch.add(engine.prepare(job.req, job.draft)))] = i
-        for row, events in batch.step():
-            for e in events:
-                assert not isinstance(e, Exception), e
-                if isinstance(e, Finished):
-                    results[rows[id(row)]] = e.result
+        file_results(batch.step(), rows, results)
         step += 1
         assert step < 2000, "the batch did not finish"
     return [results[i] for i in range(len(jobs))]
+
+
+def file_results(stepped, rows: dict[int, int], results: dict[int, DecodeResult]) -> None:  # type: ignore[no-untyped-def]
+    """A step's events: no row failed; each finished row's result under its job's index
+    (``rows``: id(row) -> index)."""
+    for row, events in stepped:
+        for e in events:
+            assert not isinstance(e, Exception), e
+            if isinstance(e, Finished):
+                results[rows[id(row)]] = e.result
 
 
 def run_batch(engine: Engine, jobs: list[Job], max_rows: int = 8) -> list[DecodeResult]:

@@ -14,7 +14,7 @@ import torch
 
 from gateway.engine import DecodeResult, Engine, Finished, Parked
 from gateway.engine.batch.slots import Saved
-from tests.support.batch import Job, mixed_jobs
+from tests.support.batch import Job, file_results, mixed_jobs
 
 
 def _drive_parking(
@@ -47,11 +47,7 @@ def _drive_parking(
                 i = waiting.pop(0)
                 job = jobs[i]
                 rows[id(batch.add(engine.prepare(job.req, job.draft)))] = i
-        for row, events in batch.step():
-            for e in events:
-                assert not isinstance(e, Exception), e
-                if isinstance(e, Finished):
-                    results[rows[id(row)]] = e.result
+        file_results(batch.step(), rows, results)
         step += 1
         assert step < 4000, "the batch did not finish"
     return results, parks, prefilling

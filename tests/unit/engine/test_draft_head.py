@@ -195,15 +195,17 @@ def test_sampled_output_has_the_target_distribution_with_a_reduced_head(eng) -> 
     assert stat < critical, (stat, critical)
 
 
+def residual_from_p(draft, q, p, gen) -> Verdict:  # type: ignore[no-untyped-def]
+    """A broken rule for the negative controls: on rejection, sample from p instead of
+    max(0, p - q)."""
+    v = verify_sampled(draft, q, p, gen)
+    if v.accepted < draft.shape[0]:
+        return Verdict(v.accepted, int(torch.multinomial(p[v.accepted], 1, generator=gen)))
+    return v
+
+
 def test_the_chi_square_test_catches_a_residual_that_ignores_q(eng, monkeypatch) -> None:
     """Negative control: on rejection, sample from p instead of max(0, p - q)."""
-
-    def residual_from_p(draft, q, p, gen) -> Verdict:
-        v = verify_sampled(draft, q, p, gen)
-        if v.accepted < draft.shape[0]:
-            return Verdict(v.accepted, int(torch.multinomial(p[v.accepted], 1, generator=gen)))
-        return v
-
     monkeypatch.setattr(loop_module, "verify_sampled", residual_from_p)
     counts, _ = first_token_counts(eng, sampled_draft(eng))
     stat, critical = chi_square_vs_target(eng, counts)

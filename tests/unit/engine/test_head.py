@@ -15,7 +15,7 @@ import torch
 from gateway.engine import DecodeRequest, Engine, SamplingParams, TokenSequencesGrammar
 from gateway.engine import loop as loop_module
 from gateway.engine.proposers.head import HeadProposer, is_head, load_head_model
-from gateway.engine.verifier import Verdict, verify_sampled
+from gateway.engine.verifier import Verdict
 from gateway.feature_head import VOCAB_FILE
 from gateway.speed import wrap_fast
 from tests.support.batch import Job, drive
@@ -31,6 +31,7 @@ from .test_draft_head import (
     VOCAB,
     chi_square_vs_target,
     first_token_counts,
+    residual_from_p,
 )  # fmt: skip
 
 
@@ -193,13 +194,6 @@ def test_the_chi_square_test_catches_a_wrong_residual_with_the_head(
     eng, restricted_head, monkeypatch
 ) -> None:
     """Negative control: on rejection, sample from p instead of max(0, p - q)."""
-
-    def residual_from_p(draft, q, p, gen) -> Verdict:
-        v = verify_sampled(draft, q, p, gen)
-        if v.accepted < draft.shape[0]:
-            return Verdict(v.accepted, int(torch.multinomial(p[v.accepted], 1, generator=gen)))
-        return v
-
     monkeypatch.setattr(loop_module, "verify_sampled", residual_from_p)
     counts, _ = first_token_counts(eng, restricted_head)
     stat, critical = chi_square_vs_target(eng, counts)

@@ -26,7 +26,7 @@ from gateway.serving.fairness import (
     Share,
     StepPacer,
 )
-from tests.unit.serving.test_worker import spied_engine, started
+from tests.unit.serving.test_worker import counted_engine, spied_engine, started
 
 HOG_ROWS = 3
 
@@ -86,16 +86,7 @@ def test_paced_tenants_stay_within_the_bound_over_random_steps() -> None:
 
 
 async def _run(tmp_path: Path, monkeypatch: Any, pacing: bool) -> dict[str, Any]:
-    decode_rows: list[int] = []  # rows of each decoding forward (prefills left out)
-    engine = spied_engine(
-        tmp_path, monkeypatch,
-        lambda slots, tokens, kw: None if kw.get("keep_last") else decode_rows.append(len(slots)),
-    )  # fmt: skip
-    eos = engine.target.model.config.eos_token_id
-
-    def request(prompt: tuple[int, ...], n: int) -> DecodeRequest:
-        sampling = SamplingParams(temperature=0.0, max_tokens=n, banned_token_ids=(eos,))
-        return DecodeRequest(prompt, sampling)
+    engine, decode_rows, request = counted_engine(tmp_path, monkeypatch)
 
     hogs = [request((5 + i, 6, 7), 160) for i in range(HOG_ROWS)]
     victim = request((9, 10, 11, 12), 48)

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from gateway.engine import DecodeRequest, Finished, SamplingParams
+from gateway.engine import Finished
 from gateway.engine.batch.slots import SlotCache
 from gateway.serving.fairness import FairQueue, Overloaded, Share
 from tests.unit.serving.test_fairness import J
-from tests.unit.serving.test_worker import spied_engine, started
+from tests.unit.serving.test_worker import counted_engine, started
 
 BATCH = 4
 
@@ -57,16 +57,7 @@ CASES = {
 
 
 async def _run(tmp_path: Path, monkeypatch: Any, case: dict[str, Any]) -> dict[str, Any]:
-    decode_rows: list[int] = []
-    engine = spied_engine(
-        tmp_path, monkeypatch,
-        lambda slots, tokens, kw: None if kw.get("keep_last") else decode_rows.append(len(slots)),
-    )  # fmt: skip
-    eos = engine.target.model.config.eos_token_id
-
-    def request(prompt: tuple[int, ...], n: int) -> DecodeRequest:
-        sampling = SamplingParams(temperature=0.0, max_tokens=n, banned_token_ids=(eos,))
-        return DecodeRequest(prompt, sampling)
+    engine, decode_rows, request = counted_engine(tmp_path, monkeypatch)
 
     hogs = [request((5 + i, 6, 7), 160) for i in range(BATCH)]
     victims = [request((9, 10 + i, 11, 12), 12) for i in range(3)]

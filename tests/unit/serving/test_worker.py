@@ -53,6 +53,25 @@ def spied_engine(tmp_path: Path, monkeypatch, seen: Callable[..., None]):  # typ
     return Engine(target)
 
 
+def counted_engine(tmp_path: Path, monkeypatch):  # type: ignore[no-untyped-def]
+    """An engine on the tiny target that records the rows of each decoding forward (prefills
+    left out), and a greedy request builder that never ends early (EOS banned)."""
+    from gateway.engine import DecodeRequest, SamplingParams
+
+    decode_rows: list[int] = []
+    engine = spied_engine(
+        tmp_path, monkeypatch,
+        lambda slots, tokens, kw: None if kw.get("keep_last") else decode_rows.append(len(slots)),
+    )  # fmt: skip
+    eos = engine.target.model.config.eos_token_id
+
+    def request(prompt: tuple[int, ...], n: int) -> DecodeRequest:
+        sampling = SamplingParams(temperature=0.0, max_tokens=n, banned_token_ids=(eos,))
+        return DecodeRequest(prompt, sampling)
+
+    return engine, decode_rows, request
+
+
 async def test_call_runs_on_the_worker_thread_after_on_start() -> None:
     seen: list[str] = []
     worker = started(on_start=lambda: seen.append(threading.current_thread().name))
