@@ -85,8 +85,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(var + self.eps))
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
@@ -94,12 +93,18 @@ def inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
 
 
-def rotate(x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x (B, heads, T, D) at positions pos (B, T), with the
+def rotary_table(count: int, inv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles of positions 0..count-1, (count, D) each, with the
     frequencies inv (D/2,)."""
-    ang = pos.to(torch.float32)[..., None] * inv.float()  # (B, T, D/2)
-    emb = torch.cat([ang, ang], dim=-1)[:, None]  # (B, 1, T, D)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    pos = torch.arange(count, dtype=torch.float32, device=inv.device)
+    ang = pos[:, None] * inv.float()  # (count, D/2)
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x (B, heads, T, D) with the cos and sin of its
+    positions' angles (B, 1, T, D)."""
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rot * sin
@@ -113,6 +118,8 @@ class FeatureHead(nn.Module):
     out: torch.Tensor
     out_ids: torch.Tensor | None
     inv_freq: torch.Tensor
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
 
     def __init__(
         self, cfg: HeadConfig, embed: torch.Tensor, out: torch.Tensor,
@@ -135,6 +142,20 @@ class FeatureHead(nn.Module):
         self.register_buffer("out_ids", out_ids, persistent=False)
         inv = inverse_frequencies(cfg.head_dim, cfg.rope_theta).to(embed.device)
         self.register_buffer("inv_freq", inv, persistent=False)
+        cos, sin = rotary_table(0, inv)  # grown on demand (`rope`)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (B, 1, T, D) of positions pos (B, T), from a table kept for the
+        positions seen so far (grown to the next power of two past the largest)."""
+        need = int(pos.max()) + 1
+        if self.rope_cos.shape[0] < need:
+            cos, sin = rotary_table(max(1024, 1 << (need - 1).bit_length()), self.inv_freq)
+            self.rope_cos, self.rope_sin = cos, sin
+        if self.rope_cos.dtype != dtype:
+            self.rope_cos, self.rope_sin = self.rope_cos.to(dtype), self.rope_sin.to(dtype)
+        return self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]
 
     # -- the pieces (training composes them with its own attention mask) -------------------
 
@@ -152,7 +173,8 @@ class FeatureHead(nn.Module):
         b, t = tokens.shape
         c = self.cfg
         q, k, v = self.qkv(x).view(b, t, 3, c.heads, c.head_dim).permute(2, 0, 3, 1, 4)
-        return rotate(q, pos, self.inv_freq), rotate(k, pos, self.inv_freq), v
+        cos, sin = self.rope(pos, q.dtype)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
 
     def finish(self, g: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The layer's output o (B, T, H) from the attention's (B, heads, T, D)."""

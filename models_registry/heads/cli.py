@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from models_registry.heads.train import TrainArgs, train
 
 
@@ -21,7 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmds = parser.add_subparsers(dest="command", required=True)
     t = cmds.add_parser("train", help="train (or resume) a head")
     t.add_argument("--target", type=Path, required=True, help="the target's model directory")
-    t.add_argument("--data", type=Path, required=True, help=".txt or .jsonl (text / prompt)")
+    t.add_argument(
+        "--data", type=Path, nargs="+", required=True,
+        help=".txt or .jsonl (text / prompt); several: each an equal share of every batch",
+    )  # fmt: skip
     t.add_argument("--out", type=Path, required=True, help="where the finished head goes")
     t.add_argument("--work", type=Path, default=None, help="checkpoints (default: OUT.work)")
     t.add_argument("--steps", type=int, default=600)
@@ -36,6 +41,28 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--chunk", type=int, default=None, help="stop after N steps this run")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    e = cmds.add_parser("eval", help="a head's chain acceptance on the target's own text")
+    e.add_argument("--target", type=Path, required=True)
+    e.add_argument("--head", type=Path, required=True, help="a head directory")
+    e.add_argument("--data", type=Path, required=True, help="prompts: .txt or .jsonl")
+    e.add_argument("--prompts", type=int, default=32)
+    e.add_argument("--prompt-tokens", type=int, default=64)
+    e.add_argument("--new", type=int, default=128, help="greedy tokens per prompt")
+    e.add_argument("--depth", type=int, default=8, help="chain length drafted")
+    e.add_argument("--k", type=int, nargs="+", default=[4, 8, 16], help="tau at these k")
+    e.add_argument("--seed", type=int, default=1)
+    e.add_argument("--full-vocab", action="store_true", help="ignore the head's vocabulary")
+    g = cmds.add_parser("generate", help="the target's greedy continuations of prompts")
+    g.add_argument("--target", type=Path, required=True)
+    g.add_argument("--data", type=Path, required=True, help="prompts from: .txt or .jsonl")
+    g.add_argument("--out", type=Path, required=True, help="a .jsonl (appended to: resumes)")
+    g.add_argument("--prompts", type=int, default=1024)
+    g.add_argument("--prompt-tokens", type=int, default=64)
+    g.add_argument("--new", type=int, default=192, help="greedy tokens per prompt")
+    g.add_argument("--batch", type=int, default=32)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, default=None)
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
     c = cmds.add_parser("corpus", help="write the demo's training data")
     c.add_argument("--out", type=Path, required=True)
     return parser
@@ -52,6 +79,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f.write(json.dumps({"text": item.text}) + "\n")
         print(f"{len(train_files)} files -> {args.out}")
         return 0
+    if args.command == "generate":
+        from models_registry.heads.generate import generate
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        result = generate(args, progress=not args.quiet)
+        print(json.dumps(result))
+        return 0
+    if args.command == "eval":
+        from models_registry.heads.evaluate import main_eval
+
+        return main_eval(args)
     for flag, value in (("--steps", args.steps), ("--batch", args.batch), ("--seq", args.seq),
                         ("--ttt", args.ttt)):  # fmt: skip
         if value < 1:
@@ -59,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     work = args.work or args.out.with_name(args.out.name + ".work")
     a = TrainArgs(
-        target=args.target, data=args.data, out=args.out, work=work, steps=args.steps,
+        target=args.target, data=tuple(args.data), out=args.out, work=work, steps=args.steps,
         minutes=args.minutes, batch=args.batch, seq=args.seq, ttt=args.ttt, lr=args.lr,
         seed=args.seed, vocab=args.vocab, save_every=args.save_every, threads=args.threads,
         chunk=args.chunk,

@@ -1,6 +1,6 @@
 """Training a feature-conditioned draft head for a target (gateway/feature_head.py).
 
-    python -m models_registry heads train --target DIR --data FILE --out DIR
+    python -m models_registry heads train --target DIR --data FILE [FILE ...] --out DIR
         [--work DIR] [--steps N] [--minutes M] [--batch B] [--seq T] [--ttt S] [--seed S]
         [--vocab draft_vocab.json] [--chunk N]
 
@@ -8,7 +8,9 @@ Data: a text file (.txt, one document, or documents separated by blank-line-free
 strings), or JSON lines with "text" (or "prompt" and "completion", joined): prompts, code,
 or the target's own generations. Each document is tokenized with the target's tokenizer
 and EOS appended; batches are random windows of `seq` tokens, drawn from a generator seeded
-by (seed, step), so a resumed run draws what an uninterrupted one would.
+by (seed, step), so a resumed run draws what an uninterrupted one would. Several data files
+each give an equal share of every batch (a corpus and the target's own continuations of
+it: `heads generate`).
 
 Each step: one target forward without gradient (its hidden states at the head's taps and
 its logits), then the head's loss with training-time test (ttt.py) against the target's
@@ -42,7 +44,7 @@ CHECKPOINT = "checkpoint.pt"
 @dataclass(frozen=True)
 class TrainArgs:
     target: Path
-    data: Path
+    data: tuple[Path, ...]  # each file an equal share of every batch's windows
     out: Path
     work: Path
     steps: int = 600
@@ -87,25 +89,30 @@ def encode(tokenizer: Any, texts: list[str]) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def _encoded(tokenizer: Any, a: TrainArgs) -> np.ndarray:
-    """The data's token ids, kept in the work directory after the first run (keyed by the
-    data file's size and time, so a changed file is encoded again)."""
-    st = a.data.stat()
-    cached = a.work / f"data-{st.st_size}-{int(st.st_mtime)}.npy"
+def _encoded(tokenizer: Any, data: Path, work: Path) -> np.ndarray:
+    """A data file's token ids, kept in the work directory after the first run (keyed by
+    the file's size and time, so a changed file is encoded again)."""
+    st = data.stat()
+    cached = work / f"data-{st.st_size}-{int(st.st_mtime)}.npy"
     if cached.exists():
         return np.load(cached)
-    ids = encode(tokenizer, read_texts(a.data))
+    ids = encode(tokenizer, read_texts(data))
     np.save(cached, ids)
     return ids
 
 
-def batch_at(ids: np.ndarray, step: int, seed: int, batch: int, seq: int) -> torch.Tensor:
-    """The step's windows (batch, seq): the same for the same (seed, step)."""
+def batch_at(data: list[np.ndarray], step: int, seed: int, batch: int, seq: int) -> torch.Tensor:
+    """The step's windows (batch, seq), the same for the same (seed, step): file i of
+    `data` gives batch // len(data) of them (the first files one more for a remainder)."""
     rng = np.random.default_rng([seed, step])
-    if len(ids) <= seq:
-        raise ValueError(f"the data has {len(ids)} tokens, fewer than one window of {seq}")
-    starts = rng.integers(0, len(ids) - seq, size=batch)
-    return torch.from_numpy(np.stack([ids[s : s + seq] for s in starts]))
+    rows: list[np.ndarray] = []
+    for i, ids in enumerate(data):
+        if len(ids) <= seq:
+            raise ValueError(f"the data has {len(ids)} tokens, fewer than one window of {seq}")
+        share = batch // len(data) + (1 if i < batch % len(data) else 0)
+        starts = rng.integers(0, len(ids) - seq, size=share)
+        rows.extend(ids[s : s + seq] for s in starts)
+    return torch.from_numpy(np.stack(rows))
 
 
 def target_pass(
@@ -160,7 +167,7 @@ def train(a: TrainArgs, progress: bool = True) -> dict[str, Any]:
         opt.load_state_dict(state["opt"])
         step, log = int(state["step"]), list(state["log"])
         spent = float(state.get("seconds", 0.0))
-    data = _encoded(tok, a)
+    data = [_encoded(tok, path, a.work) for path in a.data]
     t0 = time.monotonic()
     bar = tqdm(total=a.steps, initial=step, disable=not progress, desc="head", unit="step")
 
@@ -208,7 +215,7 @@ def train(a: TrainArgs, progress: bool = True) -> dict[str, Any]:
             "last_loss": round(float(np.mean([r["loss"] for r in tail])), 4),
             "last_agree": [round(float(np.mean([r["agree"][i] for r in tail])), 3)
                            for i in range(a.ttt)],
-            "data": a.data.name,
+            "data": [path.name for path in a.data],
             "train_seconds": round(spent + time.monotonic() - t0, 1),
         }  # fmt: skip
         (a.out / "train_log.json").write_text(json.dumps(summary, indent=2) + "\n")

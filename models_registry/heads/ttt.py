@@ -15,6 +15,7 @@ loss counts positions p >= s - 1 (the others have no such chain) with weight dec
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -30,18 +31,12 @@ def _shift(x: torch.Tensor, by: int) -> torch.Tensor:
     return torch.cat([pad, x[:, :, :-by]], dim=2)
 
 
-def ttt_loss(
-    head: FeatureHead,
-    feats: torch.Tensor,
-    tokens: torch.Tensor,
-    teacher: torch.Tensor,
-    steps: int,
-    decay: float = 0.8,
-) -> tuple[torch.Tensor, list[float]]:
-    """feats (B, n, taps x H): target features of positions 0..n-1; tokens (B, n): the
-    token after each (x_{p+1}); teacher (B, n, N): the target's probabilities of the token
-    after that (over the head's vocabulary, reduced or not). Returns the weighted loss and
-    each step's top-1 agreement with the teacher (on its counted positions)."""
+def unroll(
+    head: FeatureHead, feats: torch.Tensor, tokens: torch.Tensor, steps: int
+) -> Iterator[torch.Tensor]:
+    """The head's outputs o^s (B, n, H) for s = 1..steps (see the module doc): feats
+    (B, n, taps x H) of positions 0..n-1, tokens (B, n) the token after each (x_{p+1}).
+    Step s's output at position p drafts x_{p+2} after a chain of s - 1 drafted tokens."""
     b, n, _ = feats.shape
     pos = torch.arange(n, device=feats.device)[None].expand(b, n)
     scale = 1.0 / math.sqrt(head.cfg.head_dim)
@@ -49,10 +44,6 @@ def ttt_loss(
     g = head.fuse(feats)  # (B, n, H)
     keys1 = values1 = None
     chain: list[tuple[torch.Tensor, torch.Tensor]] = []  # step i >= 2: (k_i, v_i)
-    total = feats.new_zeros(())
-    weight_sum = 0.0
-    agree: list[float] = []
-    best = teacher.argmax(-1)  # (B, n)
     for s in range(1, steps + 1):
         q, k, v = head.project(g, tokens, pos)  # (B, heads, n, D)
         if s == 1:
@@ -73,6 +64,27 @@ def ttt_loss(
             for j, vs in enumerate(shifted):
                 attn = attn + w[..., n + j : n + j + 1] * vs
         o = head.finish(g, attn)  # (B, n, H)
+        yield o
+        g = torch.cat([torch.zeros_like(o[:, :1]), o[:, :-1]], dim=1)  # o^{s}_{p-1} at p
+
+
+def ttt_loss(
+    head: FeatureHead,
+    feats: torch.Tensor,
+    tokens: torch.Tensor,
+    teacher: torch.Tensor,
+    steps: int,
+    decay: float = 0.8,
+) -> tuple[torch.Tensor, list[float]]:
+    """feats (B, n, taps x H): target features of positions 0..n-1; tokens (B, n): the
+    token after each (x_{p+1}); teacher (B, n, N): the target's probabilities of the token
+    after that (over the head's vocabulary, reduced or not). Returns the weighted loss and
+    each step's top-1 agreement with the teacher (on its counted positions)."""
+    total = feats.new_zeros(())
+    weight_sum = 0.0
+    agree: list[float] = []
+    best = teacher.argmax(-1)  # (B, n)
+    for s, o in enumerate(unroll(head, feats, tokens, steps), start=1):
         logp = torch.log_softmax(head.logits(o).float(), dim=-1)  # (B, n, N)
         first = s - 1  # positions with a chain of s - 1 drafted before them
         ce = -(teacher[:, first:] * logp[:, first:]).sum(-1).mean()
@@ -80,5 +92,4 @@ def ttt_loss(
         total = total + wt * ce
         weight_sum += wt
         agree.append(float((logp[:, first:].argmax(-1) == best[:, first:]).float().mean()))
-        g = torch.cat([torch.zeros_like(o[:, :1]), o[:, :-1]], dim=1)  # o^{s}_{p-1} at p
     return total / weight_sum, agree
