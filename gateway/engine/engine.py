@@ -76,6 +76,8 @@ class Engine:
         cfg = self._prepare(req, draft)
         if isinstance(self._target.model, BackendModel):  # decodes in a batch (backends/)
             return decode_alone(self.batch(1), cfg, cancelled)
+        if getattr(cfg.proposer, "tree", None) is not None:  # trees verify in a batch only
+            return decode_alone(self.batch(1), cfg, cancelled)
         return decode(cfg, cancelled)
 
     def prepare(self, req: DecodeRequest, draft: LoadedModel | None = None) -> LoopConfig:

@@ -24,6 +24,8 @@ from gateway.engine.proposers.head import feature_layers
 from gateway.engine.sampling import LogitsShaper, argmax_rows
 from gateway.engine.schema import DecodeResult, Delta, Finished
 from gateway.engine.stats import DecodeStats
+from gateway.engine.tree_step import tree_plan, tree_verdict
+from gateway.engine.tree_verifier import depths, path_rows
 from gateway.engine.verifier import verify_greedy, verify_sampled
 
 
@@ -120,6 +122,8 @@ class StepPlan:
     q: torch.Tensor | None  # the draft's distributions, (k, V), None when model-free
     consumed: int  # draft tokens consumed into the grammar
     masks: torch.Tensor | None  # grammar masks, (n + 1, V)
+    parents: list[int] | None = None  # a tree's (tree_verifier.py); None: a chain
+    path: list[int] | None = None  # a tree's accepted nodes, set by settle_step
 
 
 NO_PROPOSAL = Proposal([])
@@ -160,6 +164,10 @@ def plan_masks(cfg: LoopConfig, k: int, proposal: Proposal, times: RowTimes) -> 
         cfg.stats.k_history.append(k)
     t0 = time.perf_counter()
     with torch.inference_mode():
+        if k > 0 and proposal.parents is not None:  # a tree (tree_step.py)
+            tokens, parents, q, tree_masks = tree_plan(cfg, proposal)
+            times.verify_s += time.perf_counter() - t0
+            return StepPlan(tokens, q, 0, tree_masks, parents if tokens else None)
         # 4. Grammar masks per position; the draft is cut at forbidden tokens and EOS.
         draft, consumed, masks = _masks(cfg, proposal.tokens[:k])
     times.verify_s += time.perf_counter() - t0
@@ -197,7 +205,12 @@ def settle_step(
         ):
             raise GrammarDeadEnd(f"no token is allowed after {len(out.token_ids)} tokens")
         # 6. Accept / reject: m accepted, then the recovered or bonus token.
-        if shaper.greedy:
+        tree = plan.parents
+        if tree is not None:  # a path down the tree (tree_verifier.py)
+            tv, p = tree_verdict(shaper, z, draft, tree, plan.q, cfg.generator)
+            plan.path, m, token = tv.path, tv.accepted, tv.token
+            kept, rows, n = [draft[a] for a in tv.path], path_rows(tv.path), max(depths(tree))
+        elif shaper.greedy:
             p = None
             verdict = verify_greedy(draft, argmax_rows(z))
         else:
@@ -205,7 +218,9 @@ def settle_step(
             q_n = None if plan.q is None else plan.q[:n].to(p.device, p.dtype)  # (n, V)
             d = torch.tensor(draft, dtype=torch.long, device=p.device)  # (n,)
             verdict = verify_sampled(d, q_n, p, cfg.generator)
-        m, token = verdict.accepted, verdict.token
+        if tree is None:
+            m, token = verdict.accepted, verdict.token
+            kept, rows = draft[:m], list(range(m + 1))
         # 7. Roll back the grammar and the proposer (the caller rolls back the target cache).
         if cfg.grammar is not None:
             cfg.grammar.rollback(plan.consumed - min(m, plan.consumed))
@@ -215,10 +230,10 @@ def settle_step(
             cfg.policy.update(n, m)
         stats.record_verify(n, m)
         # 8. Emit accepted + recovered/bonus tokens one by one (EOS, stop, max_tokens).
-        emitted = [*draft[:m], token]
+        emitted = [*kept, token]
         lps = None
         if cfg.top_logprobs is not None:
-            lp = shaper.logprobs(z[: m + 1], None if p is None else p[: m + 1])  # (m+1, V)
+            lp = shaper.logprobs(z[rows], None if p is None else p[rows])  # (m+1, V)
             lps = token_logprobs(lp, emitted, cfg.top_logprobs, cfg.token_str)
     times.verify_s += time.perf_counter() - t0
     for j, tok in enumerate(emitted):
@@ -226,8 +241,8 @@ def settle_step(
             out.logprobs.append(lps[j])
         ctx.append(tok)
         done = out.push(tok)
-        if cfg.grammar is not None and j == m and not done:
-            cfg.grammar.consume(tok)  # accepted tokens were consumed in step 4
+        if cfg.grammar is not None and (j == m or tree is not None) and not done:
+            cfg.grammar.consume(tok)  # a chain's accepted tokens were consumed in step 4
         if done:
             out.finish(out.finish_reason or "stop")
             break
@@ -258,6 +273,8 @@ def finish_result(
 def decode(cfg: LoopConfig, cancelled: Callable[[], bool] | None) -> Iterator[Delta | Finished]:
     """One request alone: steps 1-9 on its own DynamicCache."""
     t_start = time.perf_counter()
+    if getattr(cfg.proposer, "tree", None) is not None:
+        raise ValueError("a tree-drafting request decodes in a batch (Engine.stream)")
     stats, out = cfg.stats, cfg.output
     runner = TargetRunner(cfg.target)
     ctx = list(cfg.prompt_ids)

@@ -66,6 +66,10 @@ class DecodeRequest:
     # Proposer "suffix": where the shared index comes from (the serving layer passes the
     # tenant's); None: the request's own prompt and output only.
     suffix_source: SuffixSource | None = None
+    # A tree of candidates per step instead of a chain (proposers "draft" and "head";
+    # proposers/tree.py): children of the main chain's node at each depth, the main child
+    # included, e.g. (3, 2); () or all ones: a chain. Off on a backend's model (chains only).
+    tree: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ class Accelerated:
     taps = True  # it fills a step's FeatureTap: the lean decoder runs such a step
 
     def __call__(self, model: Any, step: Step) -> list[torch.Tensor] | None:
-        # A compiled step returns its logits only: a step with a tap runs lean (or eager).
-        if self.compiled is not None and step.tap is None:
+        # A compiled step returns its logits only: a step with a tap runs lean (or eager);
+        # its masks are its own (chains): a step with a tree runs lean (or eager) too.
+        if self.compiled is not None and step.tap is None and not step.trees:
             done = compiled_step(self.compiled, step, model_layout(model).device)
             if done is not None:
                 return done

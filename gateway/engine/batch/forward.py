@@ -75,6 +75,7 @@ class Step:
     backbone: bool = False
     head: DraftHead | None = None
     tap: FeatureTap | None = None
+    trees: dict[int, list[int]] | None = None  # row -> its tree's parents (masks.py)
 
     @functools.cached_property
     def starts(self) -> list[int]:
@@ -132,6 +133,8 @@ def batched_forward(model: Any, step: Step, fast: FastForward | None = None) -> 
             raise ValueError("a backend's model has no reduced drafting head")
         if step.tap is not None:
             raise ValueError("a backend's model hands back no hidden states")
+        if step.trees:
+            raise ValueError("a backend's model verifies chains only, not trees")
         return cache.forward(step.slots, step.tokens, step.keep_last, logits=not step.backbone)
     t = max(len(x) for x in step.tokens)
     starts = step.starts
@@ -179,14 +182,18 @@ def eager_inputs(model: Any, step: Step) -> EagerInputs:
     facts = model_layout(model)
     device = facts.device
     empty = any(st == 0 and len(x) < t for st, x in zip(starts, tokens, strict=True))
-    packed = int_tensor(row_layout(tokens, starts, t)).view(4, b, t)
+    packed = int_tensor(row_layout(tokens, starts, t, step.trees)).view(4, b, t)
     ids, position_ids, positions, last_seen = packed[0], packed[1], packed[2], packed[3]
+    trees = None
+    if step.trees:
+        trees = {r: (starts[r], parents) for r, parents in step.trees.items()}
     # One row feeding one token, every layer attending in full, sees its whole slot: no
     # mask needed (the fast SDPA path).
     mask: torch.Tensor | dict[str, torch.Tensor] | None = None
     if b > 1 or t > 1 or not facts.layout.all_full:
         zero, low = _fill(facts.dtype)
-        masks = layer_masks(facts.layout, last_seen, span_keys(step.span, _CPU), empty, zero, low)
+        keys = span_keys(step.span, _CPU)
+        masks = layer_masks(facts.layout, last_seen, keys, empty, zero, low, trees)
         mask = _to(masks, device)
     if b == 1:
         cache.step_single = (step.slots[0], starts[0])
@@ -208,7 +215,10 @@ def backbone_of(model: Any) -> Any:
     return model.model if inner is model else inner
 
 
-def row_layout(tokens: list[list[int]], starts: list[int], width: int) -> list[list[int]]:
+def row_layout(
+    tokens: list[list[int]], starts: list[int], width: int,
+    trees: dict[int, list[int]] | None = None,
+) -> list[list[int]]:  # fmt: skip
     """A step's inputs as four flat lists of len(tokens) x width, row by row: token ids
     right-padded with 0; position ids (a padded token's is its row's last real one: learned
     position tables end at the context length, and a padded output is dropped anyway);
@@ -216,11 +226,18 @@ def row_layout(tokens: list[list[int]], starts: list[int], width: int) -> list[l
     committed ones). Built as Python lists and turned into ONE tensor: a step's shaping
     used to be a dozen small torch ops, ~0.1 ms a forward."""
     grid: list[list[int]] = [[], [], [], []]
-    for row, st in zip(tokens, starts, strict=True):
+    for r, (row, st) in enumerate(zip(tokens, starts, strict=True)):
         n = len(row)
         pad = width - n
         grid[0] += [*row, *[0] * pad]
-        grid[1] += [*range(st, st + n), *[st + n - 1] * pad]
+        parents = None if trees is None else trees.get(r)
+        if parents is None:
+            grid[1] += [*range(st, st + n), *[st + n - 1] * pad]
+        else:  # a tree's node sits at its depth (masks.py `tree_visible` sees to the rest)
+            depth = [0]
+            for par in parents:
+                depth.append(depth[par + 1] + 1)
+            grid[1] += [st + d for d in depth] + [st + depth[-1]] * pad
         grid[2] += range(st, st + width)
         grid[3] += [*range(st, st + n), *[st - 1] * pad]
     return grid

@@ -27,11 +27,15 @@ def step_tap(cfgs: Iterable[LoopConfig]) -> FeatureTap | None:
 
 
 def hand_features(
-    cfg: LoopConfig, tap: FeatureTap | None, row: int, start: int, count: int
-) -> None:
+    cfg: LoopConfig, tap: FeatureTap | None, row: int, start: int, count: int,
+    fed: list[int] | None = None,
+) -> None:  # fmt: skip
     """Row `row` of the tapped forward committed positions start .. start + count - 1: its
-    proposer gets their states, if it reads any."""
+    proposer gets their states, if it reads any: those of the row's first `count` fed
+    tokens, or of its fed tokens `fed` (a tree's root and accepted path)."""
     layers = feature_layers(cfg.proposer)
     if tap is None or layers is None or count <= 0:
         return
-    cfg.proposer.on_features(start, tap.of(row, layers)[:count])  # type: ignore[union-attr]
+    feats = tap.of(row, layers)
+    feats = feats[:count] if fed is None else feats[fed[:count]]
+    cfg.proposer.on_features(start, feats)  # type: ignore[union-attr]

@@ -107,6 +107,43 @@ def visible(
     return sees
 
 
+def tree_visible(
+    start: int, parents: list[int], keys: torch.Tensor, width: int, window: int | None,
+    chunk: int | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """(width, S) bool for one row feeding a token tree (tree_verifier.py) from write
+    position `start`: the root (the last committed token) at `start`, node i at start + 1 + i,
+    each at position start + its depth (forward.py gives it that position id). Query j sees
+    the committed keys 0..start-1 and its own ancestors (itself included) in the tree, with
+    the window and the chunk taken on positions, not write positions; a padded query (j past
+    the tree) sees the committed keys and the root (its output is dropped)."""
+    n = len(parents)
+    depth = [0]
+    anc = torch.zeros(width, n + 1, dtype=torch.bool)  # query row x tree row
+    anc[0, 0] = True
+    for i, par in enumerate(parents):
+        depth.append(depth[par + 1] + 1)
+        anc[i + 1] = anc[par + 1]
+        anc[i + 1, i + 1] = True
+    span = keys.shape[0]
+    d = torch.tensor(depth, dtype=torch.long)
+    key_pos = keys.clone()
+    key_pos[start : start + n + 1] = start + d[: max(0, min(n + 1, span - start))]
+    query_pos = torch.full((width,), start - 1, dtype=torch.long)
+    query_pos[: n + 1] = start + d
+    sees = (keys < start)[None, :].expand(width, span).clone()  # (T, S)
+    sees[:, start : start + n + 1] = anc
+    sees[n + 1 :, start] = True  # a padded query sees the root too: never a row of no key
+    qp = query_pos[:, None]
+    if window is not None:
+        sees &= key_pos[None, :] > qp - window
+    if chunk is not None:
+        sees &= torch.div(key_pos, chunk, rounding_mode="floor")[None, :] == torch.div(
+            qp, chunk, rounding_mode="floor"
+        )
+    return sees
+
+
 def additive(sees: torch.Tensor, zero: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     """`sees` as an additive mask: `zero` where a query sees, `low` where it does not."""
     return torch.where(sees, zero, low)
@@ -115,12 +152,18 @@ def additive(sees: torch.Tensor, zero: torch.Tensor, low: torch.Tensor) -> torch
 def layer_masks(
     layout: AttentionLayout, last_seen: torch.Tensor, keys: torch.Tensor, empty: bool,
     zero: torch.Tensor, low: torch.Tensor,
+    trees: dict[int, tuple[int, list[int]]] | None = None,
 ) -> torch.Tensor | dict[str, torch.Tensor]:  # fmt: skip
     """One step's masks: a tensor when every layer attends alike, else kind -> tensor for
-    each kind present (what transformers' families with mixed layers take)."""
+    each kind present (what transformers' families with mixed layers take). `trees`: the
+    rows feeding a token tree, row -> (start, parents) (`tree_visible`)."""
     sizes = {FULL: (None, None), SLIDING: (layout.window, None), CHUNKED: (None, layout.chunk)}
     masks: dict[str, torch.Tensor] = {}
+    width = last_seen.shape[1]
     for kind in dict.fromkeys(layout.kinds):
         window, chunk = sizes[kind]
-        masks[kind] = additive(visible(last_seen, keys, window, empty, chunk), zero, low)
+        sees = visible(last_seen, keys, window, empty, chunk)
+        for r, (start, parents) in (trees or {}).items():
+            sees[r, 0] = tree_visible(start, parents, keys, width, window, chunk)
+        masks[kind] = additive(sees, zero, low)
     return next(iter(masks.values())) if len(masks) == 1 else masks

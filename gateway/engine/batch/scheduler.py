@@ -46,6 +46,7 @@ from gateway.engine.batch.kchoice import choose_batch_k, explore_offset
 from gateway.engine.batch.prefix import PrefixCache
 from gateway.engine.batch.rows import Event, Parked, Row, StepMark, failed
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK, slot_pad
+from gateway.engine.batch.verify_step import verify_rows
 from gateway.engine.loop import (
     NO_PROPOSAL,
     LoopConfig,
@@ -54,7 +55,6 @@ from gateway.engine.loop import (
     finish_result,
     plan_k,
     plan_masks,
-    settle_step,
 )
 from gateway.engine.models import LoadedModel
 from gateway.engine.proposers.base import Proposal, Proposer
@@ -221,7 +221,7 @@ class Batch:
                     events[id(row)].append(failed(row, exc))
                     continue
                 if k is None:
-                    events[id(row)] += self._finish(row)
+                    events[id(row)] += self.finish(row)
                     continue
                 if k == 0 and row.cfg.policy is not None and row.cfg.policy.batch_k == 0:
                     row.cfg.stats.paused_steps += 1
@@ -247,9 +247,9 @@ class Batch:
         if last is None:
             return
         outside = now - last.started - last.forward_s
-        self._target_costs().observe_overhead(last.rows, last.drafted, outside)
+        self.target_costs().observe_overhead(last.rows, last.drafted, outside)
 
-    def _target_costs(self) -> ForwardCosts:
+    def target_costs(self) -> ForwardCosts:
         return self.costs.setdefault(id(self.target), ForwardCosts())
 
     # -- the steps ------------------------------------------------------------------------
@@ -340,40 +340,7 @@ class Batch:
         return plans
 
     def _verify(self, plans: list[tuple[Row, StepPlan]], events: dict[int, list[Event]]) -> None:
-        t0 = time.perf_counter()
-        feeds = [[row.ctx[-1], *plan.draft] for row, plan in plans]
-        slots = [row.slot for row, _ in plans]
-        tap = step_tap(row.cfg for row, _ in plans)  # hidden states for head rows
-        logits = batched_forward(
-            self.target.model, Step(self.cache, slots, feeds, tap=tap), self.target.fast
-        )  # [(n_r + 1, V)]
-        spent = time.perf_counter() - t0
-        self._forward_s += spent
-        self.forwards += 1
-        self._target_costs().observe(len(plans), max(len(f) for f in feeds), spent)
-        for i, ((row, plan), z) in enumerate(zip(plans, logits, strict=True)):
-            row.cfg.stats.batch_steps += 1
-            row.cfg.stats.batch_rows += len(plans)
-            row.forwards += 1
-            row.decode_forwards += 1
-            row.decode_forward_s += spent
-            row.times.verify_s += spent
-            cfg = row.cfg
-            before = len(row.ctx)
-            try:
-                m = settle_step(cfg, row.ctx, plan, z, row.times)  # 6-8
-            except Exception as exc:
-                events[id(row)].append(failed(row, exc))
-                continue
-            self.cache.length[row.slot] = before + m  # 7. every committed token but the last
-            hand_features(cfg, tap, i, before - 1, m + 1)  # a head row's committed states
-            if cfg.policy is not None and cfg.proposer is not None:  # 9.
-                cfg.policy.observe_c(_measure_c(cfg, row))  # type: ignore[arg-type]
-            delta = cfg.output.delta()
-            if delta is not None:
-                events[id(row)].append(delta)
-            if cfg.output.finish_reason is not None:
-                events[id(row)] += self._finish(row)
+        self._forward_s += verify_rows(self, plans, events)  # 5-9 (batch/verify_step.py)
 
     def _end_if_cancelled(self, row: Row) -> list[Event]:
         """A row not stepping now (held, or prefilling) whose request was cancelled ends
@@ -381,9 +348,9 @@ class Batch:
         if row.cancelled is None or not row.cancelled():
             return []
         row.cfg.output.finish("cancelled")
-        return self._finish(row)
+        return self.finish(row)
 
-    def _finish(self, row: Row) -> list[Event]:
+    def finish(self, row: Row) -> list[Event]:
         out: list[Event] = []
         final = row.cfg.output.delta()
         if final is not None:

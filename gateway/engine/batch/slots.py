@@ -154,6 +154,18 @@ class SlotCache(Cache):
             for buffer in (*keys, *values):
                 buffer[dst, :, :n] = buffer[src, :, :n]
 
+    def gather(self, slot: int, start: int, sources: list[int]) -> None:
+        """Keys and values of `slot` at positions `sources` (increasing, each >= its
+        destination) into positions start, start + 1, ...: a verified tree's accepted path
+        made contiguous (its nodes were written at their feed's positions)."""
+        if not sources or not self.allocated or sources == list(range(start, start + len(sources))):
+            return
+        keys, values = self.buffers()
+        src = torch.tensor(sources, dtype=torch.long, device=keys[0].device)
+        with torch.inference_mode():
+            for buffer in (*keys, *values):
+                buffer[slot, :, start : start + len(sources)] = buffer[slot, :, src]
+
     def release(self, slot: int) -> None:
         self.length[slot] = 0
         self.free.append(slot)

@@ -15,10 +15,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Proposal:
     """tokens: the drafted ids (at most k, possibly none); probs: (len(tokens), V) warped and
-    masked draft distribution each token was sampled from, or None meaning one-hot."""
+    masked draft distribution each token was sampled from, or None meaning one-hot;
+    parents: None for a chain, else a tree (tree_verifier.py): each token's parent, an
+    earlier index or -1 for the root (the last committed token)."""
 
     tokens: list[int]
     probs: torch.Tensor | None = None
+    parents: list[int] | None = None
 
 
 class Proposer(Protocol):

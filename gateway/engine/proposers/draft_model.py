@@ -13,6 +13,7 @@ from gateway.engine.constraints.base import Grammar, next_token_mask
 from gateway.engine.draft_head import head_logits
 from gateway.engine.models import LoadedModel, cache_kwarg, crop_cache, forward_logits
 from gateway.engine.proposers.base import Proposal
+from gateway.engine.proposers.tree import Side, TreeNodes, TreeShape, side_tokens
 from gateway.engine.sampling import LogitsShaper, argmax_rows, sample
 
 
@@ -53,6 +54,11 @@ class DraftModelProposer:
     A draft with a reduced head (`draft.draft_head`) drafts among its subset only: its
     distribution is zero elsewhere, and drafting stops when shaping leaves no token of the
     subset allowed (a logit_bias, token list or grammar outside it).
+
+    With a tree shape (proposers/tree.py) a proposal is a tree: after the main chain stops,
+    `take` crops the draft's KV back to each side child's parent (and the grammar to its
+    state there) and feeds the side child, drafting its side chain in the same verbs, so a
+    batch runs those forwards shared as it runs the chain's.
     """
 
     name = "draft"
@@ -69,8 +75,10 @@ class DraftModelProposer:
         grammar: Grammar | None = None,
         eos_token_ids: tuple[int, ...] = (),
         min_confidence: float = 0.0,
+        tree: TreeShape | None = None,
     ) -> None:
         self.draft = draft
+        self.tree = tree
         self._model = draft.model
         self._device = draft.device
         self._vocab = draft.vocab_size
@@ -90,6 +98,11 @@ class DraftModelProposer:
         self._tokens: list[int] = []
         self._rows: list[torch.Tensor] = []
         self._consumed = 0  # draft tokens consumed into the grammar by this proposal
+        self._nodes = TreeNodes()  # a tree proposal's nodes (tree is not None)
+        self._at = -1  # the node the next drafted token hangs from (-1: the root)
+        self._depth = 1  # the next drafted token's depth
+        self._limit = 0  # the depth the chain being drafted stops at
+        self._main = True  # drafting the main chain (side children are taken there only)
         self.forwards = 0
         self.forward_s = 0.0
 
@@ -122,6 +135,7 @@ class DraftModelProposer:
     def begin(self, context_ids: Sequence[int], k: int) -> list[int] | None:
         """Start a proposal of up to k tokens: the tokens to feed first (None: k == 0)."""
         self._k, self._tokens, self._rows, self._consumed = k, [], [], 0
+        self._nodes, self._at, self._depth, self._limit, self._main = TreeNodes(), -1, 1, k, True
         feed = self._sync(context_ids)
         return feed if k > 0 else None
 
@@ -134,15 +148,19 @@ class DraftModelProposer:
         z = self._shaper.shape(logits, None if mask is None else mask[None])  # (1, V)
         constrained = mask is not None or self._shaper.allowed is not None
         if constrained and not bool(torch.isfinite(z).any()):
-            return None  # nothing the draft can propose is allowed here (grammar, lists, subset)
+            # nothing the draft can propose is allowed here (grammar, lists, subset)
+            return self._next_side() if self.tree is not None else None
         if self._shaper.greedy:
             tok = argmax_rows(z)[0]
             conf = float(torch.softmax(z[0], dim=-1)[tok]) if self._min_conf > 0 else 1.0
+            q = None
         else:
             q = self._shaper.probs(z)  # (1, V)
             tok = int(sample(q, self._gen))
             self._rows.append(q)
             conf = float(q[0, tok])
+        if self.tree is not None:
+            return self._tree_take(z, q, tok, conf)
         self._tokens.append(tok)
         if tok in self._eos or conf < self._min_conf or len(self._tokens) >= self._k:
             return None
@@ -151,10 +169,61 @@ class DraftModelProposer:
             self._consumed += 1
         return [tok]
 
+    def _tree_take(
+        self, z: torch.Tensor, q: torch.Tensor | None, tok: int, conf: float
+    ) -> list[int] | None:
+        """`take` for a tree: the token joins the chain being drafted; at a main-chain
+        depth the shape branches at, its side children are noted (with where the KV and
+        the grammar stand); when the chain stops, the next side chain starts."""
+        assert self.tree is not None
+        nodes = self._nodes
+        node = nodes.add(tok, self._at, q)
+        if self._main:
+            state = (len(self._fed), self._consumed)
+            for side in side_tokens(z, tok, self.tree.sides(self._depth), q, self._gen):
+                nodes.pending.append(Side(self._at, self._depth, side, q, state))
+        if tok in self._eos or conf < self._min_conf or self._depth >= self._limit:
+            return self._next_side()
+        self._advance(node, tok)
+        return [tok]
+
+    def _advance(self, node: int, tok: int) -> None:
+        if self._grammar is not None:
+            self._grammar.consume(tok)
+            self._consumed += 1
+        self._at, self._depth = node, self._depth + 1
+
+    def _next_side(self) -> list[int] | None:
+        """Start the next side chain: back to its parent's KV and grammar state, its first
+        token drafted already; the feed (None: no side child left to draft on)."""
+        assert self.tree is not None
+        nodes = self._nodes
+        while nodes.pending:
+            side = nodes.pending.pop(0)
+            fed, consumed = side.state
+            if fed < len(self._fed):
+                self.kv.crop(fed)
+                del self._fed[fed:]
+            if self._grammar is not None and self._consumed > consumed:
+                self._grammar.rollback(self._consumed - consumed)
+            self._consumed = consumed
+            node = nodes.add(side.token, side.parent, side.q)
+            self._main, self._depth = False, side.depth
+            self._limit = min(self._k, side.depth + self.tree.branch - 1)
+            if side.token in self._eos or side.depth >= self._limit:
+                continue
+            self._advance(node, side.token)
+            return [side.token]
+        return None
+
     def end(self) -> Proposal:
         """The proposal; the grammar is back where `begin` found it."""
         if self._grammar is not None and self._consumed:
             self._grammar.rollback(self._consumed)
+        if self.tree is not None:
+            nodes = self._nodes
+            probs = torch.cat(nodes.rows) if nodes.rows else None  # (n, V)
+            return Proposal(list(nodes.tokens), probs, list(nodes.parents))
         probs = torch.cat(self._rows) if self._rows else None  # (n, V)
         return Proposal(list(self._tokens), probs)
 

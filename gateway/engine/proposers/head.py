@@ -14,6 +14,10 @@ committed positions up to len(ctx) - 2, the target's cache's positions. A propos
    proposer does); then the head at the next position reads (o, that token); k times or
    until EOS, low confidence or nothing allowed.
 
+With a tree shape (proposers/tree.py), the main chain's side children are drafted after it:
+the head's cache length goes back to their parent's, and each side chain is stepped from
+the parent's output, overwriting the positions the last chain used.
+
 Whatever it proposes, the verifier keeps the output exact; a gap in the features (a prompt
 prefix reused from another request's slot, whose positions the target did not compute)
 only restarts the head's context at the first position it has features for.
@@ -29,6 +33,7 @@ import torch
 from gateway.engine.constraints.base import Grammar, next_token_mask
 from gateway.engine.models import LoadedModel
 from gateway.engine.proposers.base import Proposal, Proposer
+from gateway.engine.proposers.tree import Side, TreeNodes, TreeShape, side_tokens
 from gateway.engine.sampling import LogitsShaper, argmax_rows, sample
 from gateway.feature_head import FeatureHead, HeadCache, load_head
 
@@ -81,6 +86,7 @@ class HeadProposer:
         min_confidence: float = 0.0,
     ) -> None:
         self.head = head
+        self.tree: TreeShape | None = None  # drafts trees of this shape (set by its builder)
         self.feature_layers = head.cfg.taps
         self._shaper = shaper
         self._gen = generator
@@ -95,6 +101,7 @@ class HeadProposer:
         self._f0 = 0
         self._real = 0  # cache entries from target features: positions f0 .. f0 + real - 1
         self._last: torch.Tensor | None = None  # the head's output at its last real position
+        self._consumed = 0  # tokens this proposal consumed into the grammar
         self.forwards = 0
         self.forward_s = 0.0
 
@@ -141,37 +148,71 @@ class HeadProposer:
             return Proposal([])
         if last != len(ctx) - 1:  # features short of the committed context: no guess
             return Proposal([])
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        consumed = 0
-        o, pos = self._last, last
-        try:  # 2. the chain
-            while True:
-                z = head.full_logits(o[None])  # (1, V)
-                pick = self._pick(z)
-                if pick is None:
-                    break
-                tok, q, conf = pick
-                tokens.append(tok)
-                if q is not None:
-                    rows.append(q)
-                if tok in self._eos or conf < self._min_conf or len(tokens) >= k:
-                    break
-                if self._grammar is not None:
-                    self._grammar.consume(tok)
-                    consumed += 1
-                o = cache.step(head, o[None], [tok], pos)[0]  # (H,)
+        nodes = TreeNodes()
+        self._consumed = 0
+        try:  # 2. the chain (and, with a tree shape, the side chains)
+            self._chain(nodes, self._last, last, -1, 1, k, True)
+            while self.tree is not None and nodes.pending:
+                side = nodes.pending.pop(0)
+                o, pos, length, at = side.state
+                cache.length = length
+                self._rollback_to(at)
+                node = nodes.add(side.token, side.parent, side.q)
+                limit = min(k, side.depth + self.tree.branch - 1)
+                if side.token in self._eos or side.depth >= limit:
+                    continue
+                self._consume(side.token)
+                o = cache.step(head, o[None], [side.token], pos)[0]  # (H,)
                 self.forwards += 1
-                pos += 1
+                self._chain(nodes, o, pos + 1, node, side.depth + 1, limit, False)
         finally:
-            if self._grammar is not None and consumed:
-                self._grammar.rollback(consumed)
-        return Proposal(tokens, torch.cat(rows) if rows else None)
+            self._rollback_to(0)
+        probs = torch.cat(nodes.rows) if nodes.rows else None
+        return Proposal(nodes.tokens, probs, None if self.tree is None else nodes.parents)
 
-    def _pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None, float] | None:
+    def _chain(
+        self, nodes: TreeNodes, o: torch.Tensor, pos: int, at: int, depth: int, limit: int,
+        main: bool,
+    ) -> None:  # fmt: skip
+        """Draft a chain from the head's output o (H,) at position pos, hanging from node
+        `at` at `depth`, to depth `limit` at most; on the main chain of a tree, note each
+        node's side children (with the head's and the grammar's state there)."""
+        head, cache = self.head, self._cache
+        while True:
+            z = head.full_logits(o[None])  # (1, V)
+            pick = self._pick(z)
+            if pick is None:
+                return
+            tok, q, conf, shaped = pick
+            node = nodes.add(tok, at, q)
+            if main and self.tree is not None:
+                state = (o, pos, cache.length, self._consumed)
+                for side in side_tokens(shaped, tok, self.tree.sides(depth), q, self._gen):
+                    nodes.pending.append(Side(at, depth, side, q, state))
+            if tok in self._eos or conf < self._min_conf or depth >= limit:
+                return
+            self._consume(tok)
+            o = cache.step(head, o[None], [tok], pos)[0]  # (H,)
+            self.forwards += 1
+            pos, at, depth = pos + 1, node, depth + 1
+
+    def _consume(self, tok: int) -> None:
+        if self._grammar is not None:
+            self._grammar.consume(tok)
+            self._consumed += 1
+
+    def _rollback_to(self, consumed: int) -> None:
+        """The grammar back to `consumed` tokens of this proposal."""
+        if self._grammar is not None and self._consumed > consumed:
+            self._grammar.rollback(self._consumed - consumed)
+        self._consumed = min(self._consumed, consumed)
+
+    def _pick(
+        self, logits: torch.Tensor
+    ) -> tuple[int, torch.Tensor | None, float, torch.Tensor] | None:
         """One token from the head's logits (1, V), shaped and masked as the target's will
-        be: (token, its distribution row or None when greedy, its confidence), or None when
-        nothing allowed is left."""
+        be: (token, its distribution row or None when greedy, its confidence, the shaped
+        logits), or None when nothing allowed is left."""
         mask = None
         if self._grammar is not None:
             mask = next_token_mask(self._grammar, self._vocab, self._eos_ids, self._device)
@@ -181,7 +222,7 @@ class HeadProposer:
         if self._shaper.greedy:
             tok = argmax_rows(z)[0]
             conf = float(torch.softmax(z[0], dim=-1)[tok]) if self._min_conf > 0 else 1.0
-            return tok, None, conf
+            return tok, None, conf, z
         q = self._shaper.probs(z)  # (1, V)
         tok = int(sample(q, self._gen))
-        return tok, q, float(q[0, tok])
+        return tok, q, float(q[0, tok]), z

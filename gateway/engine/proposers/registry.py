@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gateway.engine.backends.base import BackendModel
 from gateway.engine.errors import InvalidRequest
 from gateway.engine.kpolicy import static_c
 from gateway.engine.models import LoadedModel
@@ -22,6 +23,7 @@ from gateway.engine.proposers.head import HeadProposer, is_head
 from gateway.engine.proposers.prediction import PredictionProposer
 from gateway.engine.proposers.prompt_lookup import PromptLookupProposer
 from gateway.engine.proposers.suffix import SuffixProposer
+from gateway.engine.proposers.tree import TreeShape
 from gateway.engine.sampling import LogitsShaper
 from gateway.engine.schema import DecodeRequest
 from gateway.limits import MAX_K
@@ -59,7 +61,7 @@ def _draft(x: ProposerInputs) -> Built:
     shaper = LogitsShaper.from_params(sp, draft.vocab_size, draft.device)
     proposer = DraftModelProposer(
         draft, shaper, x.generator, x.req.grammar, x.target.eos_token_ids,
-        min_confidence=x.req.min_draft_confidence,
+        min_confidence=x.req.min_draft_confidence, tree=_tree(x),
     )  # fmt: skip
     c0 = static_c(x.target.model.config, draft.model.config)
     return Built(proposer, draft.context_length, c0)
@@ -77,9 +79,21 @@ def _head(x: ProposerInputs) -> Built:
         capacity=x.target.context_length + 2 * MAX_K + 2,
         min_confidence=x.req.min_draft_confidence,
     )  # fmt: skip
+    proposer.tree = _tree(x)
     # One layer (and the output head) against the target's layers.
     c0 = 1.5 / max(1, head.cfg.target_layers)
     return Built(proposer, None, c0)
+
+
+def _tree(x: ProposerInputs) -> TreeShape | None:
+    """The request's tree shape (None: chains), where its target can verify trees: a
+    backend's model (llama.cpp) verifies chains only."""
+    if not x.req.tree or isinstance(x.target.model, BackendModel):
+        return None
+    try:
+        return TreeShape.of(x.req.tree)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
 
 
 def _prompt_lookup(x: ProposerInputs) -> Built:
