@@ -106,7 +106,15 @@ def decide(bundle: PolicyBundle, ctx: DecisionContext) -> Decision:
         rule_ids=tuple(trace.rule_ids),
         inputs=MappingProxyType(dict(trace.inputs)),
         dryrun=tuple(trace.dryrun),
+        tree=_tree(policy, outcome),
     )
+
+
+def _tree(policy: TenantPolicy, outcome: _Outcome) -> tuple[int, ...]:
+    """The policy's tree shape for a speculative draft (model or head); () otherwise."""
+    if outcome.mode != "speculative" or outcome.proposer not in ("draft", "head"):
+        return ()
+    return policy.speculation.tree
 
 
 def _run(

@@ -32,6 +32,9 @@ class SpeculationRule:
     k_max: int
     min_max_tokens: int
     enforcement: str
+    tree: tuple[int, ...] = ()
+    """Draft trees of this shape for draft models and heads (children of the main chain's
+    node per depth, the main child included); (): chains."""
 
     def allows_draft_version(self, version: str) -> bool:
         return "*" in self.draft_versions or version in self.draft_versions
@@ -141,6 +144,7 @@ def parse_policy(doc: Mapping[str, Any]) -> TenantPolicy:
             k_max=spec["k"]["max"],
             min_max_tokens=spec["min_max_tokens"],
             enforcement=spec["enforcement"],
+            tree=tuple(spec.get("tree", ())),
         ),
         determinism=DeterminismRule(
             seed_forces_standard=doc["determinism"]["seed_forces_standard"],

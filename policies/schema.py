@@ -60,7 +60,14 @@ def _document_properties() -> dict[str, Schema]:
                 ),
                 "min_max_tokens": COUNT,
                 "enforcement": ENFORCEMENT,
-            }
+                # children of the main chain's node per depth ([3, 2]); []: chains
+                "tree": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 1, "maximum": 8},
+                    "maxItems": 4,
+                },
+            },
+            optional=("tree",),
         ),
         "determinism": _obj(
             {"seed_forces_standard": {"type": "boolean"}, "enforcement": ENFORCEMENT}

@@ -131,6 +131,8 @@ class Decision:
     inputs: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
     dryrun: tuple[str, ...] = ()
     """Reason codes of dry-run rules that would have changed the outcome."""
+    tree: tuple[int, ...] = ()
+    """The draft tree shape the policy gives a speculative draft (model or head); (): chains."""
 
     @property
     def acceptance(self) -> float | None:

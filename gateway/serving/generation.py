@@ -293,6 +293,7 @@ class GenerationService:
                     proposer=decision.proposer if speculative else None,  # type: ignore[arg-type]
                     k_min=decision.k_min,
                     k_max=decision.k_max,
+                    tree=decision.tree,
                     prediction=cmd.prediction,
                     grammar=grammar,
                     k_prior=_k_prior(plan),

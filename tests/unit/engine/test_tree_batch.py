@@ -170,8 +170,10 @@ def test_a_sliding_window_family_verifies_trees_exactly(side_paths) -> None:
     prompt = tuple(range(30, 52))  # longer than the window
     for req in [DecodeRequest(prompt, **spec(30)), DecodeRequest(prompt[:5], **spec(30))]:
         assert eng.run(req, draft=d).token_ids == standard(eng, req).token_ids
-    jobs = [Job(0, DecodeRequest(prompt, **spec(30)), d),
-            Job(1, DecodeRequest(prompt[:9], SamplingParams(temperature=0.0, max_tokens=20)))]
+    jobs = [
+        Job(0, DecodeRequest(prompt, **spec(30)), d),
+        Job(1, DecodeRequest(prompt[:9], SamplingParams(temperature=0.0, max_tokens=20))),
+    ]
     got = drive(eng.batch(4), eng, jobs)
     assert check_mixed(eng, jobs, got) == 0
     assert side_paths[1] > 0
@@ -192,7 +194,10 @@ def test_sampled_tree_rows_use_the_tree_verifier(eng, draft, head, prompts, monk
     alone = eng.run(req, draft=draft)
     assert calls[0] > 0
     assert eng.run(req, draft=draft).token_ids == alone.token_ids
-    jobs = [Job(0, req, draft), Job(0, DecodeRequest(prompts[1], **spec(20, temperature=0.8,
-            seed=4)), head), Job(1, DecodeRequest(prompts[2], SamplingParams(max_tokens=9)))]
+    jobs = [
+        Job(0, req, draft),
+        Job(0, DecodeRequest(prompts[1], **spec(20, temperature=0.8, seed=4)), head),
+        Job(1, DecodeRequest(prompts[2], SamplingParams(max_tokens=9))),
+    ]
     got = drive(eng.batch(4), eng, jobs)  # fmt: skip
     assert got[0].token_ids == alone.token_ids
