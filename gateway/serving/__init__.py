@@ -37,6 +37,7 @@ from gateway.serving.tracing import Tracing
 from gateway.serving.worker import InferenceWorker, WorkerOptions, batch_rows
 from gateway.settings import Settings
 from gateway.speed import keep_verdicts
+from gateway.speed.kept_parity import KeptParity
 
 T = TypeVar("T")
 
@@ -183,6 +184,7 @@ async def build_services(settings: Settings, tracing: Tracing | None = None) -> 
     )
     pool.verified = Path(settings.var_dir) / "verified-weights.json"
     pool.costs = CostStore(Path(settings.var_dir) / "forward-costs.json")
+    pool.parity = KeptParity(Path(settings.var_dir) / "lean-parity.json")
     await pool.load_targets()
     recorder = Recorder(writer, fail_closed=settings.audit_fail_closed)
     view = RolloutView(store, pool, recorder.detach)

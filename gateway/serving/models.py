@@ -32,6 +32,7 @@ from gateway.serving.cost_store import CostStore, cost_key
 from gateway.serving.errors import GatewayError
 from gateway.speed import load_fast
 from gateway.speed.fast import compiled_of, lean_of
+from gateway.speed.kept_parity import KeptParity
 from gateway.speed.warmup import CompileOptions, compiled_model
 from models_registry.manifest import Manifest, ModelEntry, load_manifest, verify_sha256
 
@@ -99,6 +100,9 @@ class ModelPool:
         # Forward costs timed at an earlier start with the same model and machine
         # (serving/cost_store.py); None: every load probes.
         self.costs: CostStore | None = None
+        # Lean decoders that passed their parity check at an earlier start with the same
+        # weights, code and machine (speed/kept_parity.py); None: every load checks.
+        self.parity: KeptParity | None = None
         self.cpu_linear = o.cpu_linear  # None: measured at load (speed/cpu_linear.py)
         self._started = False
         self._engines: dict[str, tuple[ModelEntry, Engine]] = {}
@@ -129,9 +133,10 @@ class ModelPool:
         try:
             if entry.backend not in (None, "torch"):  # a GGUF on llama.cpp: engine/backends/
                 return load_backend(str(entry.path), entry.backend, self.device)
+            kept = None if self.parity is None else (self.parity, entry.sha256)
             return load_fast(
                 str(entry.path), self.device, self.dtype, draft_vocab, self.cpu_linear,
-                compiled=self.compile_mode != "off",
+                compiled=self.compile_mode != "off", kept=kept,
             )  # fmt: skip
         except UnsupportedModel as exc:
             log.error("%s v%s refused: %s", entry.name, entry.version, exc)
