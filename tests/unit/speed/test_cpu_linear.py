@@ -204,7 +204,37 @@ def test_the_verdict_follows_the_products_of_a_steps_rows(model_dirs, monkeypatc
 
     monkeypatch.setattr(off.model, "forward", no_forward)
     assert cpu_linear.weight_major_pays(off.model) is (slower == "torch")
-    assert rows_seen == set(cpu_linear.PROBE_ROWS)
+    # slower at one row decides alone: the several-row products (and their packs) are skipped
+    expected = set(cpu_linear.PROBE_ROWS) if slower == "torch" else {cpu_linear.PROBE_ROWS[0]}
+    assert rows_seen == expected
+
+
+@pytest.mark.parametrize("one_row_max", [1.0, 1e9], ids=["one-row-rule", "control-sum-only"])
+def test_a_form_slower_at_one_row_loses_even_where_the_sum_pays(
+    model_dirs, monkeypatch, one_row_max
+) -> None:
+    """Weight-major 1 ms slower a product at one row, torch's 2 ms slower at several: the
+    sum favours weight-major, a decode step does not; the one-row rule keeps torch's."""
+    import time
+
+    real = {"ours": cpu_linear.linear, "torch": cpu_linear.F.linear}
+
+    def timed(name):
+        def wrapped(x, w, b=None):
+            several = x.shape[0] > 1
+            if (name == "ours" and not several) or (name == "torch" and several):
+                time.sleep(1e-3 if name == "ours" else 2e-3)
+            return real[name](x, w, b)
+
+        return wrapped
+
+    monkeypatch.setattr(cpu_linear, "_verdicts", {})
+    monkeypatch.setattr(cpu_linear, "_verdict_file", None)
+    monkeypatch.setattr(cpu_linear, "ONE_ROW_MAX", one_row_max)
+    off = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
+    monkeypatch.setattr(cpu_linear, "linear", timed("ours"))
+    monkeypatch.setattr(cpu_linear.F, "linear", timed("torch"))
+    assert cpu_linear.weight_major_pays(off.model) is (one_row_max > 1.0)
 
 
 @pytest.mark.parametrize("pays", [True, False])
@@ -216,6 +246,7 @@ def test_a_measurement_that_keeps_torchs_forward_keeps_no_packs(model_dirs, monk
     monkeypatch.setattr(cpu_linear, "_verdicts", {})
     monkeypatch.setattr(cpu_linear, "_verdict_file", None)
     monkeypatch.setattr(cpu_linear, "MARGIN", 1e9 if pays else 0.0)  # the verdict, forced
+    monkeypatch.setattr(cpu_linear, "ONE_ROW_MAX", 1e9 if pays else 0.0)
     off = load_fast(model_dirs["llama"], device="cpu", cpu_linear=False)
     assert cpu_linear.weight_major_pays(off.model) is pays
     weights = [m.weight for m in off.model.modules() if type(m) is nn.Linear]
