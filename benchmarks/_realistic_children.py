@@ -1,7 +1,8 @@
 """benchmarks/realistic.py's measuring children, each run in a process of its own
 (`python -m benchmarks.realistic gateway|hf <json>`): the gateway's start path and the
-engine's continuous batch on a restarted process (`gateway_child`), and Hugging Face
-`generate` on the model as transformers loads it (`hf_child`)."""
+engine's continuous batch and Hugging Face `generate` interleaved on a restarted process
+(`gateway_child`), and the model as transformers loads it alone (`hf_child`: load time and
+memory)."""
 
 from __future__ import annotations
 
@@ -92,15 +93,17 @@ def _decode(
 
 
 def gateway_child(args: dict[str, Any]) -> dict[str, Any]:
-    """One start (and with args["decode"], the measurements on it); prints its JSON."""
+    """One start (and with args["decode"], the measurements on it); prints its JSON. The
+    var dir keeps what the gateway keeps between starts (verified weights, forward costs,
+    lean parity, linear verdicts), as serving/__init__.py sets them."""
     t_start = time.perf_counter()
     import asyncio
 
-    import torch
-
+    from gateway.serving.cost_store import CostStore
     from gateway.serving.models import ModelPool, PoolOptions
     from gateway.serving.worker import batch_rows
     from gateway.speed import keep_verdicts
+    from gateway.speed.kept_parity import KeptParity
 
     imports = time.perf_counter() - t_start
     set_threads()
@@ -120,6 +123,9 @@ def gateway_child(args: dict[str, Any]) -> dict[str, Any]:
             compile_rows=lambda ctx: batch_rows(ROWS, None, ctx),
         )  # fmt: skip
         pool = ModelPool.from_manifest(str(folder / "manifest.yaml"), runner, options)
+        pool.verified = var / "verified-weights.json"
+        pool.costs = CostStore(var / "forward-costs.json")
+        pool.parity = KeptParity(var / "lean-parity.json")
         t0 = time.perf_counter()
         await pool.load_targets()
         ready = time.perf_counter() - t0
@@ -140,32 +146,114 @@ def gateway_child(args: dict[str, Any]) -> dict[str, Any]:
         return pool, out
 
     pool, out = asyncio.run(start())
-    if not args.get("decode"):
-        return out
+    if args.get("decode"):
+        out.update(_measure(pool, args))
+    return out
+
+
+def _measure(pool: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Memory, then standard, speculative and HF `generate` tokens/s on the started pool:
+    per client count, ROUNDS rounds of the three, their order reversed every other round
+    (load from elsewhere on the machine hits them alike), the same process, threads and
+    weights (generate runs the target's own transformers model, with torch's linear forward
+    while it runs), each warmed up first; the median round's rate is reported."""
+    import asyncio
+    import statistics
+
+    import torch
+
     name = pool.target_names()[0]
     _, engine = asyncio.run(pool.target(name))
     draft = pool.loaded_draft_models(name)["1"]
     weights = {id(p): p.numel() * p.element_size() for m in (engine.target, draft)
                for p in m.model.parameters()}  # fmt: skip
-    out.update(weight_bytes=sum(weights.values()), linear_form=_linear_form(engine.target))
+    heads = {id(b): b.numel() * b.element_size() for m in (engine.target, draft)
+             if m.draft_head is not None for b in m.draft_head.buffers()}  # fmt: skip
+    out: dict[str, Any] = {
+        "weight_bytes": sum(weights.values()) + sum(heads.values()),
+        "draft_head_bytes": sum(heads.values()),
+        "linear_form": _linear_form(engine.target),
+    }
     prompts = [tuple(p) for p in args["prompts"]]
     batch = engine.batch(ROWS)
+    configs = ("standard", "speculative", "hf_generate")
+
+    def once(config: str, work: list[tuple[int, ...]], clients: int, n: int) -> dict[str, Any]:
+        if config == "hf_generate":
+            return _generate(engine.target.model, work, clients, n)
+        spec = config == "speculative"
+        return _decode(engine, batch, work, spec, draft, clients, n)
+
     with torch.inference_mode():
-        for spec in (False, True):  # warm-up: the batch's and the draft's KV slots
-            _decode(engine, batch, prompts[:1], spec, draft, 1, 4)
+        for config in configs:  # warm-up: the batch's and the draft's KV slots, generate
+            once(config, prompts[:1], 1, 4)
     kv = sum(b.nbytes for c in [batch.cache, *(d.cache for d in batch.drafts.values())]
              for bufs in c.buffers() for b in bufs)  # fmt: skip
-    out.update(kv_bytes=kv, rss_kv_allocated=_rss())
+    out.update(kv_bytes=kv, rss_kv_allocated=_rss(), packs=_packs())
     runs: dict[str, Any] = {}
     for clients in args["clients"]:
         work = prompts[: args["one_client"]] if clients == 1 else prompts[:clients]
-        for spec in (False, True):
-            name = f"{'speculative' if spec else 'standard'}_{clients}"
-            runs[name] = _decode(engine, batch, work, spec, draft, clients, args["new_tokens"])
-            print(f"      {name}: {runs[name]['tokens_per_s']} tokens/s", file=sys.stderr,
-                  flush=True)  # fmt: skip
-    out.update(runs=runs, rss_end=_rss(), load_average=os.getloadavg())
+        rounds: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+        for r in range(args.get("rounds", ROUNDS)):
+            for config in configs if r % 2 == 0 else configs[::-1]:
+                with torch.inference_mode():
+                    got = once(config, work, clients, args["new_tokens"])
+                rounds[config].append(got)
+                print(f"      {config}_{clients} round {r}: {got['tokens_per_s']} tokens/s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+        for config, done in rounds.items():
+            rates = [g["tokens_per_s"] for g in done]
+            mid = done[rates.index(statistics.median_low(rates))]
+            runs[f"{config}_{clients}"] = {**mid, "rounds_tokens_per_s": rates}
+    out.update(runs=runs, rss_end=_rss(), packs_end=_packs(), load_average=os.getloadavg())
     return out
+
+
+ROUNDS = 3
+
+
+def _packs() -> dict[str, int]:
+    """The packed copies of weights the weight-major form holds (speed/packed_linear.py)."""
+    from gateway.speed import packed_linear
+
+    return {"kept": packed_linear.KERNEL.packs_kept(), "made": packed_linear.KERNEL.packs_made()}
+
+
+def _generate(model: Any, work: list[tuple[int, ...]], clients: int, n: int) -> dict[str, Any]:
+    """Greedy `generate` on `model` as transformers runs it: its linear layers' own forward
+    for the time (the weight-major form is an instance attribute, speed/cpu_linear.py)."""
+    import torch
+
+    patched = {m: m.__dict__.pop("forward") for m in model.modules()
+               if type(m) is torch.nn.Linear and "forward" in m.__dict__}  # fmt: skip
+    try:
+        t0 = time.perf_counter()
+        batches = [[list(p) for p in work[i : i + clients]] for i in range(0, len(work), clients)]
+        outputs = [o for batch in batches for o in hf_generate(model, batch, n)]
+        wall = time.perf_counter() - t0
+    finally:
+        for m, forward in patched.items():
+            m.forward = forward  # type: ignore[method-assign]
+    tokens = sum(len(o) for o in outputs)
+    return {
+        "tokens": tokens, "seconds": round(wall, 2), "tokens_per_s": round(tokens / wall, 2),
+        "acceptance": None, "outputs": outputs,
+    }  # fmt: skip
+
+
+def hf_generate(model: Any, batch: list[list[int]], tokens: int) -> list[list[int]]:
+    """Greedy `generate` of exactly `tokens` tokens for each prompt, left-padded."""
+    import torch
+
+    width = max(len(p) for p in batch)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=tokens,
+            min_new_tokens=tokens, do_sample=False, pad_token_id=0,
+        )  # fmt: skip
+    return [row[width:].tolist() for row in out]
 
 
 def _linear_form(model: Any) -> str:
@@ -177,8 +265,9 @@ def _linear_form(model: Any) -> str:
 
 
 def hf_child(args: dict[str, Any]) -> dict[str, Any]:
-    """The target as transformers loads it; greedy generate one prompt at a time, then a
-    left-padded batch of the 8 clients' prompts."""
+    """The target as transformers loads it, in a process of its own: its load time and its
+    resident memory after a greedy `generate` (the speed is compared in the gateway's
+    process, `_measure`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -188,38 +277,9 @@ def hf_child(args: dict[str, Any]) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=args["dtype"])
     load = time.perf_counter() - t0
     model.eval()
-    n = args["new_tokens"]
-
-    def generate(batch: list[list[int]], tokens: int) -> list[list[int]]:
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])  # left-padded
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=tokens,
-                min_new_tokens=tokens, do_sample=False, pad_token_id=0,
-            )  # fmt: skip
-        return [row[width:].tolist() for row in out]
-
-    prompts = args["prompts"]
-    generate(prompts[:1], 4)  # warm-up
-    out: dict[str, Any] = {"load_s": round(load, 2), "runs": {}}
-    for clients in args["clients"]:
-        work = prompts[: args["one_client"]] if clients == 1 else prompts[:clients]
-        t0 = time.perf_counter()
-        outputs = [
-            o for i in range(0, len(work), clients) for o in generate(work[i : i + clients], n)
-        ]
-        wall = time.perf_counter() - t0
-        tokens = sum(len(o) for o in outputs)
-        out["runs"][f"generate_{clients}"] = {
-            "tokens": tokens, "seconds": round(wall, 2), "tokens_per_s": round(tokens / wall, 2),
-            "outputs": outputs,
-        }  # fmt: skip
-        print(f"      HF generate_{clients}: {tokens / wall:.2f} tokens/s", file=sys.stderr,
-              flush=True)  # fmt: skip
-    out.update(rss_end=_rss(), load_average=os.getloadavg())
-    return out
+    with torch.inference_mode():
+        hf_generate(model, args["prompts"][:1], 4)
+    return {"load_s": round(load, 2), "rss_end": _rss(), "load_average": os.getloadavg()}
 
 
 def set_threads() -> None:

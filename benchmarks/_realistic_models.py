@@ -14,12 +14,18 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "models_registry" / "demo" / "demo-code-target-v1"
-RECIPE = 1  # bump when the weights' recipe changes: cached models are rebuilt
+RECIPE = 2  # bump when the weights' recipe changes: cached models are rebuilt
 VOCAB = 151936
 CONTEXT = 2048
 DRAFT_LAYERS = 2
+DRAFT_VOCAB = 32768
+"""The draft's drafting vocabulary (draft_vocab.json, gateway/engine/draft_head.py): the
+32,768 lowest ids, a reduced head as the product offers drafts (FR-Spec drafts among 32K of
+Llama 3's 128K tokens). It holds every id the demo tokenizer can produce (8,192), so
+acceptance is the full head's; a drafted token costs 2 layers and a 32K-row head instead
+of a 151,936-row one (at 1.5B the full head alone outweighs the draft's layers)."""
 LATER = 0.08  # the later layers' share of the residual stream, against the draft's layers
-QWEN2_5 = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
+QWEN2_5: dict[str, Any] = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
 SHAPES: dict[str, dict[str, int]] = {
     "qwen2.5-0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
                      "num_key_value_heads": 2, "intermediate_size": 4864},
@@ -34,7 +40,7 @@ TINY_VOCAB = 8192  # the tiny shape's vocabulary (the unit test's)
 def _config(shape: str, layers: int | None = None) -> Any:
     from transformers import Qwen2Config
 
-    dims = dict(SHAPES[shape])
+    dims: dict[str, Any] = dict(SHAPES[shape])
     if layers is not None:
         dims["num_hidden_layers"] = layers
     return Qwen2Config(
@@ -89,7 +95,7 @@ def build(shape: str, folder: Path) -> dict[str, Any]:
     shutil.rmtree(folder, ignore_errors=True)
     t0 = time.perf_counter()
     torch.set_default_dtype(torch.bfloat16)
-    model = Qwen2ForCausalLM(_config(shape))
+    model: Any = Qwen2ForCausalLM(_config(shape))
     torch.set_default_dtype(torch.float32)
     usable = min(_tokenizer_size(), model.config.vocab_size)
     init_weights(model, usable, DRAFT_LAYERS)
@@ -104,6 +110,10 @@ def build(shape: str, folder: Path) -> dict[str, Any]:
             m = model
         out = folder / role
         m.save_pretrained(out)
+        if role == "draft":
+            ids = list(range(min(DRAFT_VOCAB, int(m.config.vocab_size))))
+            vocab = {"token_ids": ids, "size": len(ids), "ranked_by": "lowest ids"}
+            (out / "draft_vocab.json").write_text(json.dumps(vocab) + "\n")
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(DEMO / name, out / name)
         files = weight_files(out)
@@ -119,6 +129,7 @@ def build(shape: str, folder: Path) -> dict[str, Any]:
         "draft_parameters": sum(p.numel() for p in model.parameters()),
         "disk_bytes": {r: sum(f.stat().st_size for f in weight_files(folder / r))
                        for r in ("target", "draft")},
+        "draft_vocab": min(DRAFT_VOCAB, VOCAB if shape != "qwen2-tiny" else TINY_VOCAB),
         "build_s": round(time.perf_counter() - t0, 1), "init_s": round(made, 1),
     }  # fmt: skip
     done.write_text(json.dumps(info))

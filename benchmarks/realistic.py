@@ -54,7 +54,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +63,7 @@ from benchmarks._realistic_models import (
     CONTEXT,
     DEMO,
     DRAFT_LAYERS,
+    DRAFT_VOCAB,
     LATER,
     RECIPE,
     ROOT,
@@ -94,66 +94,78 @@ def _progress(stderr: str) -> str:
 
 PLANS: dict[str, dict[str, Any]] = {
     "full": {"cases": ("qwen2.5-0.5b/float32", "qwen2.5-0.5b/bfloat16", "qwen2.5-1.5b/bfloat16",
-                       "qwen2.5-1.5b/float32/off"),
-             "new_tokens": 32, "one_client": 3, "clients": (1, 8),
-             "first_start": ("qwen2.5-0.5b/float32",)},
+                       "qwen2.5-1.5b/float32"),
+             "new_tokens": 32, "one_client": 3, "clients": (1, 8), "rounds": 3},
     "quick": {"cases": ("qwen2-tiny/float32",), "new_tokens": 8, "one_client": 1,
-              "clients": (1, 8), "first_start": ()},
+              "clients": (1, 8), "rounds": 1},
 }  # fmt: skip
 """Cases run in order, "shape/dtype[/linear]": linear pins the fp32 linear form as
 GATEWAY_CPU_LINEAR does (off, on; default auto: measured at the first start and kept, as the
-gateway does). The full plan runs the fp32 1.5B with torch's linear: measuring the verdict
-packs a second copy of every fp32 linear weight for a moment (speed/packed_linear.py), and
-its 7.5 GB of fp32 weights twice would pass the ~12 GB this shared machine has to spare.
-REALISTIC_CASES=a,b overrides the list (a reduced run); REALISTIC_RESUME=1 keeps the cases
-a killed run finished (var/bench-realistic/partial.json) and runs the rest. first_start: the
-cases that measure a first start (the linear verdict measured) before the restart that the
-rest runs on; the others start once, with nothing kept (bf16 has no verdict to keep)."""
+gateway does). Each case starts twice on the same var dir: a first start (which measures
+and keeps what the gateway keeps) and the restart that is measured. REALISTIC_CASES=a,b
+overrides the list (those cases run again); REALISTIC_PARTS=first or =rest runs only the
+first starts or only the restarts (a case's first start is kept in
+var/bench-realistic/partial.json for its restart), so that a long run can be split;
+REALISTIC_RESUME=1 keeps the cases (and first starts) an earlier run finished and runs the
+rest, merging them into one report."""
 PARAMS_7B = 7_615_616_512  # Qwen2.5-7B (hidden 3584, 28 layers, 4 KV heads, untied head)
+SETTINGS = ("new_tokens", "one_client", "clients", "rounds")
 
 
 def run(out_dir: Path, quick: bool = False, plan: dict[str, Any] | None = None) -> dict[str, Any]:
     plan = dict(plan or PLANS["quick" if quick else "full"])
-    if os.environ.get("REALISTIC_CASES"):
+    named = bool(os.environ.get("REALISTIC_CASES"))  # run, whatever an earlier run did
+    if named:
         plan["cases"] = tuple(os.environ["REALISTIC_CASES"].split(","))
-    for key in ("new_tokens", "one_client", "clients"):  # REALISTIC_CLIENTS=1,8 and so on
+    for key in SETTINGS:  # REALISTIC_CLIENTS=1,8 and so on
         if os.environ.get(f"REALISTIC_{key.upper()}"):
             values = tuple(int(x) for x in os.environ[f"REALISTIC_{key.upper()}"].split(","))
             plan[key] = values if key == "clients" else values[0]
+    parts = os.environ.get("REALISTIC_PARTS", "first,rest").split(",")
     prompts = _prompt_ids(max(plan["clients"]))
-    common = {k: plan[k] for k in ("new_tokens", "one_client", "clients")}
+    common = {k: plan[k] for k in SETTINGS}
     partial = CACHE / "partial.json"
     resume = os.environ.get("REALISTIC_RESUME") == "1" and partial.exists()
     done: dict[str, Any] = json.loads(partial.read_text()) if resume else {}
-    cases: dict[str, Any] = {}
     built: dict[str, Any] = done.pop("_models", {})
+    firsts: dict[str, Any] = done.pop("_first", {})
+    cases: dict[str, Any] = {k: v for k, v in done.items() if k not in plan["cases"]}
     for case in plan["cases"]:
-        if case in done:
+        if case in done and not named:  # resumed: finished before
             cases[case] = done[case]
             continue
         shape, dtype, *pin = case.split("/")
         linear = {"off": False, "on": True}.get(pin[0] if pin else "auto")
         folder = CACHE / f"{shape}-r{RECIPE}"
+        var = CACHE / "var" / case.replace("/", "-")  # the gateway's var dir: what it keeps
         print(f"   {case} ({time.strftime('%H:%M:%S')})", file=sys.stderr, flush=True)
         if shape not in built:
             built[shape] = _child("build", {"shape": shape, "folder": str(folder)})
-        with tempfile.TemporaryDirectory() as var:  # the gateway's var dir: kept verdicts
-            base = {"folder": str(folder), "var": var, "dtype": dtype, "cpu_linear": linear}
-            first = _child("gateway", base) if case in plan["first_start"] else None
+        base = {"folder": str(folder), "var": str(var), "dtype": dtype, "cpu_linear": linear}
+        if "first" in parts:
+            shutil.rmtree(var, ignore_errors=True)
+            firsts[case] = _child("gateway", base)
+            cases.pop(case, None)
+        if "rest" in parts and case not in firsts:
+            print(f"   {case}: no first start to restart after", file=sys.stderr, flush=True)
+        elif "rest" in parts:
             restart = _child("gateway", {**base, **common, "decode": True, "prompts": prompts})
-        hf = _child("hf", {**base, **common, "prompts": prompts})
-        summary = _case(built[shape], first, restart, hf, plan["one_client"])
-        cases[case] = {"plan": common, **summary}
-        partial.write_text(json.dumps({**cases, "_models": built}, indent=1))
+            hf = _child("hf", {**base, "prompts": prompts})
+            summary = _case(built[shape], firsts.pop(case), restart, hf, plan["one_client"])
+            cases[case] = {"plan": common, **summary}
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({**cases, "_models": built, "_first": firsts}, indent=1))
     result = {
         "setup": {
             **common, "context": CONTEXT, "batch_rows": ROWS, "draft_layers": DRAFT_LAYERS,
-            "later_layers_share": LATER, "prompts": str(PROMPTS.relative_to(ROOT)),
-            "weights_on_disk": "bf16 safetensors", "tokenizer": "demo byte-level BPE, 8192",
-            "torch_threads": torch_threads(), "machine": _machine(),
+            "draft_vocab": DRAFT_VOCAB, "later_layers_share": LATER,
+            "prompts": str(PROMPTS.relative_to(ROOT)), "weights_on_disk": "bf16 safetensors",
+            "tokenizer": "demo byte-level BPE, 8192", "torch_threads": torch_threads(),
+            "machine": _machine(),
         },
         "models": {k: v for k, v in built.items() if any(c.startswith(k + "/") for c in cases)},
         "cases": cases,
+        "first_starts_pending": sorted(firsts),
         "llamacpp": _llamacpp(),
     }  # fmt: skip
     result["goals"] = _goals(cases)
@@ -171,40 +183,40 @@ def _prompt_ids(n: int) -> list[list[int]]:
 
 
 def _case(
-    built: dict[str, Any], first: dict[str, Any] | None, restart: dict[str, Any],
+    built: dict[str, Any], first: dict[str, Any], restart: dict[str, Any],
     hf: dict[str, Any], one_client: int,
 ) -> dict[str, Any]:  # fmt: skip
-    runs, hf_runs = restart.pop("runs"), hf.pop("runs")
-    ref, hf_ref = runs["standard_1"]["outputs"], hf_runs["generate_1"]["outputs"]
+    runs = restart.pop("runs")
+    ref, hf_ref = runs["standard_1"]["outputs"], runs["hf_generate_1"]["outputs"]
     pairs = {
         "speculative_1_vs_standard_1": (runs["speculative_1"], ref),
         "standard_8_vs_standard_1": (runs.get("standard_8"), ref),
         "speculative_8_vs_standard_1": (runs.get("speculative_8"), ref),
-        "hf_1_vs_standard_1": (hf_runs["generate_1"], ref),
-        "hf_8_vs_hf_1": (hf_runs.get("generate_8"), hf_ref),
+        "hf_1_vs_standard_1": (runs["hf_generate_1"], ref),
+        "hf_8_vs_hf_1": (runs.get("hf_generate_8"), hf_ref),
     }  # runs at 8 clients: absent from a reduced run
     same = {k: _same(r["outputs"][:one_client], b) for k, (r, b) in pairs.items() if r}
     flat = [t for o in ref for t in o]
-    tps = {k: v["tokens_per_s"] for k, v in runs.items()}
-    tps.update({f"hf_{k}": v["tokens_per_s"] for k, v in hf_runs.items()})
     budget = restart["weight_bytes"] + restart["kv_bytes"]
     return {
-        "tokens_per_s": tps,
+        "tokens_per_s": {k: v["tokens_per_s"] for k, v in runs.items()},
+        "rounds_tokens_per_s": {k: v["rounds_tokens_per_s"] for k, v in runs.items()},
         "acceptance": {k: v["acceptance"] for k, v in runs.items() if v["acceptance"] is not None},
         "identical_outputs": same,
         "output_sample": ref[0][:16],
         "distinct_token_share": round(len(set(flat)) / max(1, len(flat)), 3),
         "memory": {
             "weight_bytes": restart["weight_bytes"], "kv_bytes": restart["kv_bytes"],
+            "draft_head_bytes": restart["draft_head_bytes"],
             "rss_ready": restart["rss_ready"]["rss"],
             "rss_draft_loaded": restart["rss_draft_loaded"]["rss"],
             "rss_end": restart["rss_end"]["rss"], "rss_peak": restart["rss_end"]["peak"],
             "rss_over_budget": round(restart["rss_end"]["rss"] / budget, 3),
             "peak_over_budget": round(restart["rss_end"]["peak"] / budget, 3),
             "rss_imports": restart["rss_imports"],
-            "first_start_peak": None if first is None else first["rss_draft_loaded"]["peak"],
+            "first_start_peak": first["rss_draft_loaded"]["peak"],
             "hf_rss_end": hf["rss_end"]["rss"],
-            "linear_form": restart["linear_form"],
+            "linear_form": restart["linear_form"], "packs": restart["packs_end"],
         },
         "start": {"first": first, "restart": restart},
         "hf_load_s": hf["load_s"],
