@@ -49,12 +49,14 @@ class BackendCache(SlotCache):
         return True
 
     def forward(
-        self, slots: list[int], tokens: list[list[int]], keep_last: bool, logits: bool = True
-    ) -> list[torch.Tensor]:
+        self, slots: list[int], tokens: list[list[int]], keep_last: bool, logits: bool = True,
+        prompt: bool = False,
+    ) -> list[torch.Tensor]:  # fmt: skip
         """Row r's tokens written at positions length[slots[r]].. of its slot (the caller
         commits); logits per row: (len(tokens[r]), V), or (1, V) of the last token with
         keep_last. With logits=False nothing is read back (a draft's prefill): empty
-        (0, V) tensors."""
+        (0, V) tensors. `prompt`: the rows feed prompt chunks (a prefill), which a backend
+        may compute with other kernels than decode steps, the same for every chunking."""
         raise NotImplementedError
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:

@@ -25,10 +25,11 @@ row's logits are the same alone and beside any other rows (docs/backends.md). Th
 forward whose rows bring different numbers of tokens is decoded by llama.cpp in several
 passes (each pass an equal number per row).
 
-Numerics: llama.cpp's kernels that compute a forward of several tokens differently from
-one of one token are turned off (`_init`), so a token's logits do not depend on the
-forward's shape either; tests/unit/engine/llamacpp/ measure where outputs part and show
-each parting a near tie.
+Numerics: a forward is cut into llama_decode calls so that a token meets the same kernels
+whatever the forward's shape (llamacpp_calls.py: prompts on ggml's tiled K-quant products,
+decode and verify steps on its one-token kernels), and repacked weights are off (`load_gguf`),
+so a token's logits do not depend on the forward's shape either; tests/unit/engine/llamacpp/
+measure where outputs part and show each parting a near tie.
 
 Imports llama_cpp (the `llama-cpp-python` package, the `llamacpp` extra): import this
 module only where a GGUF model is loaded.
@@ -41,7 +42,6 @@ import json
 import logging
 import os
 import weakref
-from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -50,7 +50,9 @@ from typing import Any
 import llama_cpp as lc
 import torch
 
+from gateway.engine.backends import llamacpp_calls as calls_of
 from gateway.engine.backends.base import BackendCache
+from gateway.engine.backends.llamacpp_calls import Call, tiled_on, tiled_weights
 from gateway.engine.batch.slots import Saved
 from gateway.engine.errors import VocabularyMismatch
 from gateway.engine.models import LoadedModel
@@ -58,7 +60,6 @@ from gateway.engine.models import LoadedModel
 log = logging.getLogger("gateway.engine.llamacpp")
 
 N_BATCH = 512  # tokens one llama_decode takes at most; a larger forward is decoded in parts
-ROW_PART = 63  # a row's tokens in one llama_decode at most (ggml's FA tiles from 64: forward)
 KV_TYPES = {"f32": 0, "f16": 1}  # ggml_type of the KV cache's keys and values
 _LOG_WARN = 3  # ggml_log_level: GGML_LOG_LEVEL_WARN (INFO = 2, ERROR = 4, CONT = 5)
 
@@ -75,18 +76,9 @@ _ready = False
 
 
 def _init() -> None:
-    """Once per process, before any forward. ggml computes a product of quantized weights
-    with other kernels when a forward holds several tokens than when it holds one: its
-    tiled K-quant product from 8 rows on, and repacked weights (`load_gguf` repack) from 4.
-    Their logits are not the one-token kernels': on quantized weights a token's logits
-    move between a one-token forward and a longer one, so a verify step (k + 1 tokens) and
-    a decode step (one) disagree and greedy speculative output parts from standard beyond
-    near ties. With both off every forward shape runs the same kernels (the tests of
-    tests/unit/engine/llamacpp/ check it); the cost is some speed of multi-token forwards.
-    GGML_CPU_TILED_MM set in the environment is left as it is."""
+    """Once per process, before any forward: llama.cpp's logging and backend."""
     global _ready
     if not _ready:
-        os.environ.setdefault("GGML_CPU_TILED_MM", "0")
         lc.llama_log_set(_log, ctypes.c_void_p())
         lc.llama_backend_init()
         _ready = True
@@ -118,6 +110,9 @@ class LlamaCppModel:
         self.threads = threads if threads is not None else max(1, os.cpu_count() or 1)
         self.kv_type = kv_type
         self.n_batch = n_batch
+        # ggml's tiled products serve this model's forwards of 8 tokens or more (unless
+        # repacked: repacked weights take their own kernels): llamacpp_calls.py
+        self.tiled = tiled_on() and not repack and tiled_weights(path)
         self.vocab = lc.llama_model_get_vocab(handle)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
         self.context_train = int(lc.llama_model_n_ctx_train(handle))
@@ -168,7 +163,8 @@ class LlamaCppCache(BackendCache):
         self.model = model  # keeps the weights alive as long as the context
         params = lc.llama_context_default_params()
         n_batch = model.n_batch
-        stream = -(-capacity // 256) * 256  # cells per sequence (llama.cpp pads to 256)
+        slack = calls_of.PROMPT_MIN if model.tiled else 0  # a prompt part's padding past the end
+        stream = -(-(capacity + slack) // 256) * 256  # cells per sequence (padded to 256)
         params.n_ctx = slots * stream  # split evenly into the sequences' streams
         params.n_batch = params.n_ubatch = n_batch
         params.n_seq_max = slots
@@ -188,6 +184,7 @@ class LlamaCppCache(BackendCache):
         self._mem = lc.llama_get_memory(ctx)
         self._n_batch = n_batch
         self.held = [0] * slots  # positions 0..held[s]-1 of sequence s are in the memory
+        self.prompted = [0] * slots  # positions 0..prompted[s]-1 written by prompt forwards
         self.decodes = 0  # llama_decode calls
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
@@ -203,14 +200,18 @@ class LlamaCppCache(BackendCache):
         self._put(dst, self._state(src))
         lc.llama_memory_seq_rm(self._mem, dst, n, -1)
         self.held[dst] = n
+        self.prompted[dst] = min(n, self.prompted[src])
 
     def save(self, slot: int) -> Saved:
         """Sequence `slot`'s committed positions as llama.cpp's own copy of a sequence
         (`llama_state_seq_get_data`: its cells' positions, keys and values), bytes held in
-        one uint8 tensor (`Saved.keys`); what it held past its length is dropped first."""
+        one uint8 tensor (`Saved.keys`), and how many of them prompt forwards wrote
+        (`Saved.values`, one int64); what it held past its length is dropped first."""
         n = self.length[slot]
         self._trim(slot, n)
-        return Saved(n, [self._state(slot)] if n else [], [])
+        if not n:
+            return Saved(0, [], [])
+        return Saved(n, [self._state(slot)], [torch.tensor([min(n, self.prompted[slot])])])
 
     def restore(self, slot: int, saved: Saved) -> None:
         """A saved sequence into sequence `slot` (a taken slot), bit for bit: its cells as
@@ -219,6 +220,7 @@ class LlamaCppCache(BackendCache):
             raise RuntimeError("a saved slot's keys and values are missing")
         self._put(slot, saved.keys[0] if saved.length else None)
         self.held[slot] = self.length[slot] = saved.length
+        self.prompted[slot] = int(saved.values[0][0]) if saved.values else 0
 
     def _state(self, slot: int) -> torch.Tensor:
         """The bytes of llama.cpp's copy of sequence `slot` (every position it holds)."""
@@ -232,60 +234,59 @@ class LlamaCppCache(BackendCache):
     def _put(self, slot: int, data: torch.Tensor | None) -> None:
         """Sequence `slot` emptied, then given the sequence copied in `data` (`_state`)."""
         lc.llama_memory_seq_rm(self._mem, slot, -1, -1)
-        self.held[slot] = 0
+        self.held[slot] = self.prompted[slot] = 0
         if data is not None:
             data = data.contiguous()
             if lc.llama_state_seq_set_data(self._ctx, _bytes(data), data.numel(), slot) == 0:
                 raise RuntimeError(f"llama.cpp could not put a sequence into slot {slot}")
 
     def forward(
-        self, slots: list[int], tokens: list[list[int]], keep_last: bool, logits: bool = True
-    ) -> list[torch.Tensor]:
+        self, slots: list[int], tokens: list[list[int]], keep_last: bool, logits: bool = True,
+        prompt: bool = False,
+    ) -> list[torch.Tensor]:  # fmt: skip
+        """`prompt`: the rows feed prompt chunks (their logits at most the last token's), which
+        a model with tiled weights runs on ggml's tiled products (llamacpp_calls.py)."""
         starts = [self.length[s] for s in slots]
         for s, st, row in zip(slots, starts, tokens, strict=True):
             if st + len(row) > self.capacity:
                 raise ValueError("a row would write past its slot's capacity")
             self._trim(s, st)
-        # Rows go into a llama_batch in slot order: llama.cpp puts only consecutive
-        # sequences (streams) in one pass, so out of order they would take more passes. A
-        # row's tokens go ROW_PART at a time: from 64 query tokens of one sequence ggml's
-        # flash attention takes its tiled path, whose logits are not the one-token path's.
-        order = sorted(range(len(slots)), key=slots.__getitem__)
+        tiled = self.model.tiled
+        prompt = prompt and tiled and (keep_last or not logits)
         wants = [0 if not logits else 1 if keep_last else len(t) for t in tokens]
-        parts = max((len(t) for t in tokens), default=0)
-        got: list[list[torch.Tensor]] = [[] for _ in slots]  # each row's outputs, by part
+        limit = min(self._n_batch, calls_of.DECODE_PART) if tiled else self._n_batch
+        calls = calls_of.plan(slots, starts, tokens, wants, prompt, limit)
+        got: list[list[torch.Tensor]] = [[] for _ in slots]  # each row's outputs, in order
+        ends = [st + len(t) for st, t in zip(starts, tokens, strict=True)]
         try:
-            for lo in range(0, parts, ROW_PART):
-                ids, pos, seqs, outs = array("i"), array("i"), array("i"), array("b")
-                rows = []  # (row, its outputs in this part)
-                for r in order:
-                    seg = tokens[r][lo : lo + ROW_PART]
-                    if not seg:
-                        continue
-                    n, first = len(seg), len(tokens[r]) - wants[r]  # first wanted index
-                    flags = [1 if k >= first else 0 for k in range(lo, lo + n)]
-                    ids.extend(seg)
-                    pos.extend(range(starts[r] + lo, starts[r] + lo + n))
-                    seqs.extend([slots[r]] * n)
-                    outs.extend(flags)
-                    rows.append((r, sum(flags)))
-                step = [
-                    self._decode(ids, pos, seqs, outs, a) for a in range(0, len(ids), self._n_batch)
-                ]
-                out = step[0] if len(step) == 1 else torch.cat(step)  # (outputs, V)
+            for call in calls:
+                out = self._decode(call)  # (outputs, V)
                 at = 0
-                for r, k in rows:
-                    got[r].append(out[at : at + k])
+                for r, k in call.owners:
+                    if k:
+                        got[r].append(out[at : at + k])
                     at += k
+                for r, end in call.ends:
+                    ends[r] = max(ends[r], end)
         except BaseException:
             for s, st in zip(slots, starts, strict=True):  # whatever landed goes again
                 lc.llama_memory_seq_rm(self._mem, s, st, -1)
                 self.held[s] = st
+                self.prompted[s] = min(self.prompted[s], st)
             raise
-        for s, st, row in zip(slots, starts, tokens, strict=True):
-            self.held[s] = st + len(row)
+        for s, st, row, end in zip(slots, starts, tokens, ends, strict=True):
+            self.held[s] = end
+            was = self.prompted[s]  # a prompt's part goes on only where a prompt's left off
+            grows = (prompt or not tiled) and was >= st
+            self.prompted[s] = st + len(row) if grows else min(was, st)
         v = self.model.n_vocab
         return [g[0] if len(g) == 1 else torch.cat(g) if g else torch.empty((0, v)) for g in got]
+
+    def reusable(self, slot: int, n: int) -> int:
+        """Of a slot's first n positions, how many a kept prefix may lend: with tiled weights
+        only those its prompt forwards wrote (a fresh prefill gives a prompt's keys and values
+        from the tiled product, a decode step from vec_dot)."""
+        return min(n, self.prompted[slot])
 
     def _trim(self, slot: int, start: int) -> None:
         """Sequence `slot` back to positions 0..start-1 (its committed tokens)."""
@@ -293,26 +294,27 @@ class LlamaCppCache(BackendCache):
         if held > start:
             lc.llama_memory_seq_rm(self._mem, slot, start, -1)
             self.held[slot] = start
+            self.prompted[slot] = min(self.prompted[slot], start)
         elif held < start:
             raise RuntimeError(f"slot {slot} holds {held} positions, its length is {start}")
 
-    def _decode(self, ids: array, pos: array, seqs: array, outs: array, a: int) -> torch.Tensor:
-        """Entries a..a+n_batch of the flat step in one llama_decode: their outputs' logits,
-        (outputs, V) float32, copied once out of llama.cpp's buffer into a new tensor."""
+    def _decode(self, call: Call) -> torch.Tensor:
+        """One llama_decode of `call`'s entries: their outputs' logits, (outputs, V) float32,
+        copied once out of llama.cpp's buffer into a new tensor."""
         b = self._batch
-        n = min(self._n_batch, len(ids) - a)
-        ctypes.memmove(b.token, ids.buffer_info()[0] + 4 * a, 4 * n)
-        ctypes.memmove(b.pos, pos.buffer_info()[0] + 4 * a, 4 * n)
-        ctypes.memmove(b.logits, outs.buffer_info()[0] + a, n)
-        seq_of = self._seq_of
+        n = len(call)
+        ctypes.memmove(b.token, call.ids.buffer_info()[0], 4 * n)
+        ctypes.memmove(b.pos, call.pos.buffer_info()[0], 4 * n)
+        ctypes.memmove(b.logits, call.outs.buffer_info()[0], n)
+        seq_of, seqs = self._seq_of, call.seqs
         for i in range(n):
-            seq_of[i][0] = seqs[a + i]
+            seq_of[i][0] = seqs[i]
         b.n_tokens = n
         rc = lc.llama_decode(self._ctx, b)
         self.decodes += 1
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} ({n} tokens)")
-        wanted = sum(outs[a : a + n])
+        wanted = sum(call.outs)
         out = torch.empty((wanted, self.model.n_vocab), dtype=torch.float32)
         if wanted:
             src = ctypes.addressof(lc.llama_get_logits(self._ctx).contents)
@@ -345,8 +347,9 @@ def load_gguf(
     generation_config.json's, the tokenizer's and the GGUF's.
 
     `repack`: let llama.cpp lay quantized weights out for its multi-token kernels (its
-    "extra buffer types": CPU repacking). Off by default, for the reason `_init` turns off
-    ggml's tiled K-quant products: exactness."""
+    "extra buffer types": CPU repacking). Off by default: exactness. Repacked weights take
+    a 4-token product for a call's tokens in fours and a one-token one for the rest, which
+    round differently, so a token's logits would depend on the calls it was fed in."""
     from transformers import AutoTokenizer
 
     model = LlamaCppModel(path, threads, kv_type, repack=repack)

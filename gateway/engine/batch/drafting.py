@@ -105,7 +105,8 @@ class DraftBatch:
         # with the head inside (gateway/speed) can take a short chunk.
         head = self.draft.draft_head
         slots = [self.members[id(p)].slot for p, _ in fits]
-        step = Step(self.cache, slots, [ids for _, ids in fits], True, head is None, head)
+        step = Step(self.cache, slots, [ids for _, ids in fits], True, head is None, head,
+                    prompt=True)  # fmt: skip
         batched_forward(self.draft.model, step, self.draft.fast)
         spent = time.perf_counter() - t0
         for p, ids in fits:

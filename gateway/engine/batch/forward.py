@@ -75,6 +75,7 @@ class Step:
     backbone: bool = False
     head: DraftHead | None = None
     tap: FeatureTap | None = None
+    prompt: bool = False  # prompt chunks (a prefill): a backend may use its prompt kernels
     trees: dict[int, list[int]] | None = None  # row -> its tree's parents (masks.py)
 
     @functools.cached_property
@@ -135,7 +136,9 @@ def batched_forward(model: Any, step: Step, fast: FastForward | None = None) -> 
             raise ValueError("a backend's model hands back no hidden states")
         if step.trees:
             raise ValueError("a backend's model verifies chains only, not trees")
-        return cache.forward(step.slots, step.tokens, step.keep_last, logits=not step.backbone)
+        return cache.forward(
+            step.slots, step.tokens, step.keep_last, logits=not step.backbone, prompt=step.prompt
+        )
     t = max(len(x) for x in step.tokens)
     starts = step.starts
     if any(st + len(x) > cache.capacity for st, x in zip(starts, step.tokens, strict=True)):

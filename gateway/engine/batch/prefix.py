@@ -65,8 +65,10 @@ class PrefixCache:
             raise
 
     def keep(self, slot: int, scope: str | None, tokens: Sequence[int]) -> None:
-        """Note that free `slot` holds `tokens`' keys and values (positions 0..n-1)."""
+        """Note that free `slot` holds `tokens`' keys and values (positions 0..n-1), as far
+        as its cache lends them (`SlotCache.reusable`)."""
         self.kept.pop(slot, None)
+        tokens = tokens[: self.cache.reusable(slot, len(tokens))]
         if scope is None or not self._worth(tokens):
             return
         kept = Kept(scope, tuple(tokens), self._tick())
@@ -103,6 +105,7 @@ class PrefixCache:
     def leaving(self, slot: int, scope: str | None, tokens: Sequence[int]) -> None:
         """A leaving row's slot is about to be overwritten (another row moves into it):
         keep its tokens' keys and values in another free slot."""
+        tokens = tokens[: self.cache.reusable(slot, len(tokens))]
         if scope is not None and self._worth(tokens):
             self._save(slot, Kept(scope, tuple(tokens), self._tick()), avoid=None)
 

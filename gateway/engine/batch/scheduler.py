@@ -265,7 +265,7 @@ class Batch:
         t0 = time.perf_counter()
         slots, chunks = [r.slot for r, _ in group], [c for _, c in group]
         tap = step_tap(r.cfg for r, _ in group)  # hidden states for head rows
-        step = Step(self.cache, slots, chunks, keep_last=True, tap=tap)
+        step = Step(self.cache, slots, chunks, keep_last=True, tap=tap, prompt=True)
         batched_forward(self.target.model, step, self.target.fast)
         self.forwards += 1
         drafts: dict[int, list[tuple[DraftModelProposer, list[int]]]] = {}

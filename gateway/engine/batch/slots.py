@@ -166,6 +166,11 @@ class SlotCache(Cache):
             for buffer in (*keys, *values):
                 buffer[slot, :, start : start + len(sources)] = buffer[slot, :, src]
 
+    def reusable(self, slot: int, n: int) -> int:
+        """Of slot's first n positions, how many a kept prefix may lend (all of them here; a
+        backend whose prompt and decode kernels differ lends the prompt's only)."""
+        return n
+
     def release(self, slot: int) -> None:
         self.length[slot] = 0
         self.free.append(slot)

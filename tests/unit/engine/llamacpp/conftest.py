@@ -56,3 +56,36 @@ def cpp_target(gguf_files: dict[str, Path], model_dirs: dict[str, Path]) -> Load
 @pytest.fixture(scope="session")
 def cpp_draft(gguf_files: dict[str, Path], model_dirs: dict[str, Path]) -> LoadedModel:
     return _load(gguf_files["draft"], model_dirs["draft"])
+
+
+def _wide(root: Path, tokenizer: Path, layers: int) -> Path:
+    """A Llama 256 wide (K-quants need rows of 256) at Q4_K_M, with the tiny llama's
+    tokenizer: its weights are of the types ggml's tiled products serve."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from models_registry.gguf import quantize, write_llama
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
+    torch.manual_seed(4)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(root)
+    tok.save_pretrained(root)
+    return quantize(write_llama(root, root / "f32.gguf"), root / "q4_k_m.gguf", "q4_k_m")
+
+
+@pytest.fixture(scope="session")
+def wide_q4(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One layer (`_wide`)."""
+    return _wide(tmp_path_factory.mktemp("wide"), model_dirs["llama"], 1)
+
+
+@pytest.fixture(scope="session")
+def deep_q4(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three layers (`_wide`): a prompt's keys and values past the first layer come out of
+    whole layers' products."""
+    return _wide(tmp_path_factory.mktemp("deep"), model_dirs["llama"], 3)

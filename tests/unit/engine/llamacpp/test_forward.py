@@ -112,7 +112,7 @@ def test_a_forward_larger_than_one_llama_batch_is_decoded_in_parts(cpp_target):
     cache._n_batch = 5  # parts of 5 tokens: rows split across llama_decode calls
     slots = [cache.take(), cache.take()]
     got = _forward(lm, cache, slots, [PROMPT, [4, 5, 6]])
-    assert cache.decodes == 2
+    assert cache.decodes > 1  # in parts
     fresh = slot_cache(lm.model, 2, lm.context_length)
     want = _forward(lm, fresh, [fresh.take(), fresh.take()], [PROMPT, [4, 5, 6]])
     for g, w in zip(got, want, strict=True):

@@ -5,14 +5,12 @@ speculative decoding gives standard decoding's tokens on each quantization (exac
 not depend on the weights' type); a quantized model's logits stay near the f32 model's, at
 a distance growing with fewer bits (the negative control: Q4_K_M's distance exceeds Q8_0's);
 quantizing is deterministic. And a token's logits do not depend on how many tokens its
-forward holds: the backend turns off ggml's tiled K-quant products, whose logits differ
-(the negative control: a process that leaves them on sees the difference)."""
+forward holds: the backend keeps decode and verify forwards off ggml's tiled K-quant
+products, whose logits differ (the negative control: a forward in one call sees the
+difference); prompts on them: test_tiled.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ needs_llama_cpp()
 
 from gateway.engine import DecodeRequest, Engine, LoadedModel, SamplingParams
 from gateway.engine.backends.llamacpp import load_gguf
-from models_registry.gguf import quantize, sha256, write_llama
+from models_registry.gguf import quantize, sha256
 
 PROMPTS = ((5, 6, 7, 8), (40, 41, 42, 43, 44, 45), (100, 3, 100, 3, 100))
 KINDS = ("q8_0", "q4_k_m")
@@ -94,24 +92,6 @@ def test_quantizing_is_deterministic(gguf_files, tmp_path):
     assert sha256(a) == sha256(b) != sha256(gguf_files["llama"])
 
 
-@pytest.fixture(scope="module")
-def wide_q4(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A one-layer Llama 256 wide (K-quants need rows of 256) at Q4_K_M, with its tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    root = tmp_path_factory.mktemp("wide")
-    tok = AutoTokenizer.from_pretrained(str(model_dirs["llama"]), local_files_only=True)
-    torch.manual_seed(4)
-    cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    LlamaForCausalLM(cfg).save_pretrained(root)
-    tok.save_pretrained(root)
-    return quantize(write_llama(root, root / "f32.gguf"), root / "q4_k_m.gguf", "q4_k_m")
-
-
 def shape_gap(path: Path) -> float:
     """The largest difference between the logits of 12 tokens fed one per forward and fed in
     one forward, after the same 40-token prompt."""
@@ -131,49 +111,51 @@ def shape_gap(path: Path) -> float:
 
 
 def test_a_tokens_logits_do_not_depend_on_its_forwards_size(wide_q4) -> None:
-    assert os.environ["GGML_CPU_TILED_MM"] == "0"  # set by the backend (llamacpp._init)
+    """Decode and verify forwards go to llama.cpp at most DECODE_PART (7) tokens a call:
+    from 8 ggml's tiled K-quant products serve them, whose logits differ."""
+    assert _load(wide_q4, wide_q4.parent).model.tiled  # the tiled products are on here
     assert shape_gap(wide_q4) == 0.0
 
 
-def test_with_the_tiled_products_on_they_differ(wide_q4) -> None:
-    """The negative control, in a process of its own (ggml reads the switch once)."""
-    code = (
-        "import sys; from tests.unit.engine.llamacpp.test_quantized import shape_gap; "
-        "from pathlib import Path; print(shape_gap(Path(sys.argv[1])))"
-    )
-    env = {**os.environ, "GGML_CPU_TILED_MM": "1"}
-    run = subprocess.run(
-        [sys.executable, "-c", code, str(wide_q4)], capture_output=True, text=True, env=env,
-        cwd=Path(__file__).resolve().parents[4], timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert float(run.stdout.split()[-1]) > 1e-3
+def test_with_the_tiled_products_on_they_differ(wide_q4, monkeypatch) -> None:
+    """The negative control: a forward's tokens in one call, the tiled products take it."""
+    from gateway.engine.backends import llamacpp_calls
+
+    monkeypatch.setattr(llamacpp_calls, "DECODE_PART", 1000)
+    assert shape_gap(wide_q4) > 1e-3
 
 
 def _long_gap(path: Path) -> float:
-    """The largest difference between the logits of 90 tokens fed in one forward and fed
-    after an 8-token prefix one per forward."""
+    """The largest difference between the logits of 12 tokens decoded after a 90-token
+    prompt chunk fed in one prompt forward and fed in prompt forwards of 9 tokens (on the
+    tiled products both: they give a token the same result in either)."""
     lm = _load(path, path.parent)
     toks = [3 + (7 * i) % 250 for i in range(98)]
     cache = lm.model.slot_cache(2, 256)
-    whole, steps = cache.take(), cache.take()
-    for s in (whole, steps):
-        cache.forward([s], [toks[:8]], keep_last=True)
-        cache.length[s] += 8
-    together = cache.forward([whole], [toks[8:]], keep_last=False)[0]
-    singles = []
-    for t in toks[8:]:
-        singles.append(cache.forward([steps], [[t]], keep_last=False)[0])
-        cache.length[steps] += 1
-    return float((torch.cat(singles) - together).abs().max())
+    whole, pieces = cache.take(), cache.take()
+    for s, size in ((whole, 90), (pieces, 9)):
+        for at in [0, *range(8, 98, size)]:
+            part = toks[at : 8 if at == 0 else at + size]
+            cache.forward([s], [part], keep_last=True, prompt=True)
+            cache.length[s] += len(part)
+    out = {}
+    for s in (whole, pieces):
+        out[s] = torch.cat([_step(cache, s, t) for t in range(50, 62)])
+    return float((out[whole] - out[pieces]).abs().max())
 
 
-def test_a_long_forward_gives_each_token_its_one_token_logits(wide_q4, monkeypatch) -> None:
+def _step(cache, slot: int, token: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    z = cache.forward([slot], [[token]], keep_last=False)[0]
+    cache.length[slot] += 1
+    return z
+
+
+def test_a_long_forward_gives_each_token_its_short_forwards_logits(deep_q4, monkeypatch):
     """A row's tokens go to llama.cpp ROW_PART (63) at a time: from 64 query tokens of one
     sequence ggml's flash attention takes a tiled path with other logits. The negative
     control: with the rows fed whole, the same comparison differs."""
-    from gateway.engine.backends import llamacpp
+    from gateway.engine.backends import llamacpp_calls
 
-    assert _long_gap(wide_q4) == 0.0
-    monkeypatch.setattr(llamacpp, "ROW_PART", 1000)
-    assert _long_gap(wide_q4) > 1e-3
+    assert _long_gap(deep_q4) == 0.0
+    monkeypatch.setattr(llamacpp_calls, "ROW_PART", 1000)
+    assert _long_gap(deep_q4) > 1e-3
