@@ -23,6 +23,13 @@ The feature head (issue 47; models_registry/demo's draft version of kind `head`,
 the target as the gateway's pool loads it) runs as config "head" beside draft v2 when the
 manifest has one.
 
+Draft trees (issue 47; proposers/tree.py, shape TREE or PROPOSERS_TREE="3,2"): a tree
+request decodes in a one-row continuous batch (Engine.stream routes it there), so draft v2
+and the head run on that path twice, as a chain ("draft_v2_batch", "head_batch") and as a
+tree ("draft_v2_tree", "head_tree"): chain against tree on the same path, in one run.
+
+PROPOSERS_WORKLOADS=heldout runs the held-out set only.
+
 Reported per config and workload: tau = tokens per target forward (1.0 for standard),
 acceptance = accepted / drafted, tokens/s, speed over standard (median of paired per-run
 ratios) and whether the output equals standard decoding's. Configs are interleaved per
@@ -52,14 +59,18 @@ from gateway.engine import (
     SamplingParams,
     load_head_model,
 )  # fmt: skip
+from gateway.engine.backends.base import decode_alone
 from gateway.engine.proposers.suffix import SuffixIndex
+from gateway.engine.schema import Finished
 
 HERE = Path(__file__).resolve().parent
 HELDOUT = HERE / "prompts" / "heldout.jsonl"
 NEW_TOKENS = 128
 K_MIN, K_MAX = 1, 16  # the policy range speculative tenants are given here (default: 1-8)
 BUDGET = 65_536  # the serving layer's default per-tenant budget
-CONFIGS = ("standard", "draft_v2", "prompt_lookup", "suffix")
+CONFIGS = ("standard", "draft_v2", "prompt_lookup", "suffix", "draft_v2_batch", "draft_v2_tree")
+HEAD_CONFIGS = ("head", "head_batch", "head_tree")
+TREE = tuple(int(w) for w in os.environ.get("PROPOSERS_TREE", "3,2").split(","))
 TOOLS = ("read_file", "apply_edit", "run_tests")
 
 
@@ -124,18 +135,36 @@ def _requests(
     p: tuple[int, ...], tenant: _Tenant, draft: LoadedModel, head: LoadedModel | None = None
 ) -> list[tuple[str, DecodeRequest, LoadedModel | None]]:
     sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
-    spec = {"mode": "speculative", "k_min": K_MIN, "k_max": K_MAX}
-    return [
+    spec: dict[str, Any] = {"mode": "speculative", "proposer": "draft", "k_min": K_MIN,
+                            "k_max": K_MAX}  # fmt: skip
+    tree = {**spec, "tree": TREE}
+    suffix = {**spec, "proposer": "suffix"}
+    out: list[tuple[str, DecodeRequest, LoadedModel | None]] = [
         ("standard", DecodeRequest(p, sp), None),
-        ("draft_v2", DecodeRequest(p, sp, proposer="draft", **spec), draft),  # type: ignore[arg-type]
-        ("prompt_lookup", DecodeRequest(p, sp, proposer="prompt_lookup", **spec), None),  # type: ignore[arg-type]
-        ("suffix", DecodeRequest(p, sp, proposer="suffix", suffix_source=tenant, **spec), None),  # type: ignore[arg-type]
-        *(
-            [("head", DecodeRequest(p, sp, proposer="draft", **spec), head)]  # type: ignore[arg-type]
-            if head is not None
-            else []
-        ),
+        ("draft_v2", DecodeRequest(p, sp, **spec), draft),
+        ("prompt_lookup", DecodeRequest(p, sp, **{**spec, "proposer": "prompt_lookup"}), None),
+        ("suffix", DecodeRequest(p, sp, suffix_source=tenant, **suffix), None),
+        ("draft_v2_batch", DecodeRequest(p, sp, **spec), draft),
+        ("draft_v2_tree", DecodeRequest(p, sp, **tree), draft),
     ]
+    if head is not None:
+        out += [
+            ("head", DecodeRequest(p, sp, **spec), head),
+            ("head_batch", DecodeRequest(p, sp, **spec), head),
+            ("head_tree", DecodeRequest(p, sp, **tree), head),
+        ]
+    return out
+
+
+def _decode(engine: Engine, name: str, req: DecodeRequest, d: LoadedModel | None) -> DecodeResult:
+    """Engine.run, or for the "_batch" configs the same request in a one-row batch (where
+    Engine.stream decodes a tree request)."""
+    if not name.endswith("_batch"):
+        return engine.run(req, draft=d)
+    for item in decode_alone(engine.batch(1), engine.prepare(req, d), None):
+        if isinstance(item, Finished):
+            return item.result
+    raise AssertionError("the batch ended without a Finished item")
 
 
 def _demo_head(target: LoadedModel) -> LoadedModel | None:
@@ -153,7 +182,7 @@ def _workload(
     engine: Engine, draft: LoadedModel, prompts: list[tuple[int, ...]], runs: int,
     head: LoadedModel | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    names = (*CONFIGS, "head") if head is not None else CONFIGS
+    names = (*CONFIGS, *HEAD_CONFIGS) if head is not None else CONFIGS
     configs = {name: _Runs() for name in names}
     for _ in range(runs):
         tenant = _Tenant()  # empty at the start of every run
@@ -162,7 +191,7 @@ def _workload(
         for p in prompts:
             for name, req, d in _requests(p, tenant, draft, head):
                 t0 = time.perf_counter()
-                res = engine.run(req, draft=d)
+                res = _decode(engine, name, req, d)
                 secs[name] += time.perf_counter() - t0
                 results[name].append(res)
             tenant.suffix.add((*p, *results["suffix"][-1].token_ids))
@@ -213,8 +242,11 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     def ids(text: str) -> tuple[int, ...]:
         return tuple(tok(text, add_special_tokens=False)["input_ids"])
 
-    heldout = [ids(f["prompt"]) for f in files]
-    agentic = [ids(t) for session in _agentic_prompts(engine, files) for t in session]
+    chosen = os.environ.get("PROPOSERS_WORKLOADS", "heldout,agentic").split(",")
+    prompts = {"heldout": [ids(f["prompt"]) for f in files]}
+    if "agentic" in chosen:
+        prompts["agentic"] = [ids(t) for sess in _agentic_prompts(engine, files) for t in sess]
+    heldout = prompts["heldout"]
     runs = 1 if quick else 2
     _workload(engine, draft, heldout[:1], 1, head)  # warm-up: every config once
     result: dict[str, Any] = {
@@ -225,17 +257,18 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         "k": [K_MIN, K_MAX],
         "runs": runs,
         "workloads": {
-            "heldout": _workload(engine, draft, heldout, runs, head),
-            "agentic": _workload(engine, draft, agentic, runs, head),
+            name: _workload(engine, draft, prompts[name], runs, head)
+            for name in ("heldout", "agentic") if name in prompts
         },
-    }
-    ag = result["workloads"]["agentic"]["configs"]
-    ratio = ag["suffix"]["tau"] / max(ag["prompt_lookup"]["tau"], 1e-9)
-    result["goal"] = {
-        "suffix_tau_over_prompt_lookup_agentic": round(ratio, 3),
-        "target": 2.0,
-        "met": ratio >= 2.0,
-    }
+    }  # fmt: skip
+    if "agentic" in prompts:
+        ag = result["workloads"]["agentic"]["configs"]
+        ratio = ag["suffix"]["tau"] / max(ag["prompt_lookup"]["tau"], 1e-9)
+        result["goal"] = {
+            "suffix_tau_over_prompt_lookup_agentic": round(ratio, 3),
+            "target": 2.0,
+            "met": ratio >= 2.0,
+        }
     if head is not None:
         held = result["workloads"]["heldout"]["configs"]
         speed = held["head"]["tokens_per_s"] / max(held["draft_v2"]["tokens_per_s"], 1e-9)
@@ -246,27 +279,56 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             "tokens_per_s_over_draft_v2_heldout": round(speed, 3),
             "speed_target": 1.25,
             "met": held["head"]["tau"] >= 5.0 and speed >= 1.25,
+            "tau_tree_heldout": held["head_tree"]["tau"],
+            "tau_tree_target": 5.5,
+            "tree_met": held["head_tree"]["tau"] >= 5.5,
         }
+    result["tree"] = {"shape": list(TREE), "heldout": _tree_ratios(result["workloads"]["heldout"])}
     return result
 
 
+def _tree_ratios(workload: dict[str, Any]) -> dict[str, Any]:
+    """Tree over chain on the same (one-row batch) path: tau and tokens/s."""
+    c = workload["configs"]
+    out = {}
+    for name in ("draft_v2", "head"):
+        chain, tree = c.get(f"{name}_batch"), c.get(f"{name}_tree")
+        if chain is not None and tree is not None:
+            out[name] = {
+                "tau_chain": chain["tau"],
+                "tau_tree": tree["tau"],
+                "tokens_per_s_tree_over_chain": round(
+                    tree["tokens_per_s"] / max(chain["tokens_per_s"], 1e-9), 3
+                ),
+            }
+    return out
+
+
 def table(result: dict[str, Any]) -> str:
-    rows = ["workload  config         tau    accept  tok/s   x std  same"]
+    rows = ["workload  config          tau    accept  tok/s   x std  same"]
     for wname, w in result["workloads"].items():
         for name, c in w["configs"].items():
             acc = "-" if c["acceptance"] is None else f"{c['acceptance']:.3f}"
             rows.append(
-                f"{wname:9} {name:13} {c['tau']:6.3f} {acc:>7} {c['tokens_per_s']:7.1f} "
+                f"{wname:9} {name:14} {c['tau']:6.3f} {acc:>7} {c['tokens_per_s']:7.1f} "
                 f"{c['speed_over_standard']:6.3f}  {c['same_output_as_standard']}"
             )
-    g = result["goal"]
-    ratio, met = g["suffix_tau_over_prompt_lookup_agentic"], "met" if g["met"] else "missed"
-    rows.append(f"suffix tau / prompt lookup tau (agentic): {ratio} (goal >= 2.0: {met})")
+    g = result.get("goal")
+    if g is not None:
+        ratio, met = g["suffix_tau_over_prompt_lookup_agentic"], "met" if g["met"] else "missed"
+        rows.append(f"suffix tau / prompt lookup tau (agentic): {ratio} (goal >= 2.0: {met})")
     h = result.get("goal_head")
     if h is not None:
         rows.append(
             f"head (held-out): tau {h['tau_heldout']} (goal >= 5.0), tokens/s "
             f"{h['tokens_per_s_over_draft_v2_heldout']}x draft v2's (goal >= 1.25): "
-            f"{'met' if h['met'] else 'missed'}"
+            f"{'met' if h['met'] else 'missed'}; with a tree tau {h['tau_tree_heldout']} "
+            f"(goal >= 5.5: {'met' if h['tree_met'] else 'missed'})"
+        )
+    for name, r in result.get("tree", {}).get("heldout", {}).items():
+        rows.append(
+            f"{name} tree {result['tree']['shape']} over its chain (held-out, one-row batch): "
+            f"tau {r['tau_chain']} -> {r['tau_tree']}, "
+            f"tokens/s {r['tokens_per_s_tree_over_chain']}x"
         )
     return "\n".join(rows)

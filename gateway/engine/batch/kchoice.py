@@ -113,7 +113,8 @@ def _draft_seconds(
 ) -> float:
     """Seconds of the shared draft forwards for these k: per draft, its deepest row's k
     times one forward of its drafting rows (unmeasured: the rows' c times a standard step);
-    `one_forward` keeps the lookups of one step by (draft, rows)."""
+    plus, per row whose model drafts alone (a feature head), k times its c times a standard
+    step; `one_forward` keeps the lookups of one step by (draft, rows)."""
     total = 0.0
     for key, (lm, costs) in drafts.items():
         mine = [(c, kc) for c, kc in ks if kc > 0 and _draws_on(c.proposer, lm)]
@@ -126,6 +127,10 @@ def _draft_seconds(
         if one is None:
             one = max(c.policy.c for c, _ in mine if c.policy is not None) * standard_s
         total += depth * one
+    for c, kc in ks:  # a model drafting alone, a row at a time (a feature head)
+        alone = c.proposer is not None and c.proposer.shared_draft() is None
+        if kc > 0 and alone and hasattr(c.proposer, "forward_s") and c.policy is not None:
+            total += kc * c.policy.c * standard_s
     return total
 
 

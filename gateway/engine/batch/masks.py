@@ -133,7 +133,6 @@ def tree_visible(
     query_pos[: n + 1] = start + d
     sees = (keys < start)[None, :].expand(width, span).clone()  # (T, S)
     sees[:, start : start + n + 1] = anc
-    sees[n + 1 :, start] = True  # a padded query sees the root too: never a row of no key
     qp = query_pos[:, None]
     if window is not None:
         sees &= key_pos[None, :] > qp - window
@@ -141,6 +140,7 @@ def tree_visible(
         sees &= torch.div(key_pos, chunk, rounding_mode="floor")[None, :] == torch.div(
             qp, chunk, rounding_mode="floor"
         )
+    sees[n + 1 :, start] = True  # a padded query sees the root too: never a row of no key
     return sees
 
 

@@ -201,3 +201,31 @@ def test_sampled_tree_rows_use_the_tree_verifier(eng, draft, head, prompts, monk
     ]
     got = drive(eng.batch(4), eng, jobs)  # fmt: skip
     assert got[0].token_ids == alone.token_ids
+
+
+@pytest.mark.parametrize(("window", "chunk"), [(None, None), (4, None), (None, 4), (3, 4)])
+def test_the_tree_mask_by_hand(window, chunk) -> None:  # type: ignore[no-untyped-def]
+    """Root at write position 4 (positions 0-3 committed); nodes 0 and 1 children of the
+    root, node 2 of node 0, node 3 of node 2; one padded query. Every (query, key) pair
+    against its definition: committed keys and ancestors, window and chunk on positions."""
+    start, parents, width = 4, [-1, -1, 0, 2], 6
+    sees = masks_module.tree_visible(start, parents, torch.arange(12), width, window, chunk)
+    depth = [0, 1, 1, 2, 3]
+    ancestors = [{0}, {0, 1}, {0, 2}, {0, 1, 3}, {0, 1, 3, 4}]  # per feed row, itself included
+    for j in range(width):
+        qpos = start + depth[j] if j <= len(parents) else start - 1
+        for key in range(12):
+            if key < start:
+                kpos, ok = key, True
+            elif key <= start + len(parents):
+                kpos = start + depth[key - start]
+                ok = (key - start) in ancestors[j] if j <= len(parents) else key == start
+            else:
+                kpos, ok = key, False
+            if window is not None and j <= len(parents):
+                ok &= kpos > qpos - window
+            if window is not None and j > len(parents) and key < start:
+                ok &= kpos > qpos - window
+            if chunk is not None and (j <= len(parents) or key < start):
+                ok &= kpos // chunk == qpos // chunk
+            assert bool(sees[j, key]) == ok, (j, key)
