@@ -58,6 +58,8 @@ def verify_rows(
             rows = path_rows(plan.path)
             batch.cache.gather(row.slot, before, [before - 1 + r for r in rows[1:]])
         batch.cache.length[row.slot] = before + m  # 7. every committed token but the last
+        tree_on = bool(getattr(cfg.proposer, "tree_on", False))
+        batch.trees.observe(row, tree_on, len(row.ctx) - before, len(feeds[i]))
         hand_features(cfg, tap, i, before - 1, m + 1, rows)  # a head row's committed states
         if cfg.policy is not None and cfg.proposer is not None:  # 9.
             cfg.policy.observe_c(_measure_c(cfg, row))  # type: ignore[arg-type]

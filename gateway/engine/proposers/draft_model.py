@@ -79,6 +79,8 @@ class DraftModelProposer:
     ) -> None:
         self.draft = draft
         self.tree = tree
+        self.tree_on = True  # off: this proposal drafts a chain (batch/tree_choice.py)
+        self._shape: TreeShape | None = None  # this proposal's tree shape
         self._model = draft.model
         self._device = draft.device
         self._vocab = draft.vocab_size
@@ -136,6 +138,7 @@ class DraftModelProposer:
         """Start a proposal of up to k tokens: the tokens to feed first (None: k == 0)."""
         self._k, self._tokens, self._rows, self._consumed = k, [], [], 0
         self._nodes, self._at, self._depth, self._limit, self._main = TreeNodes(), -1, 1, k, True
+        self._shape = self.tree if self.tree_on else None
         feed = self._sync(context_ids)
         return feed if k > 0 else None
 
@@ -149,7 +152,7 @@ class DraftModelProposer:
         constrained = mask is not None or self._shaper.allowed is not None
         if constrained and not bool(torch.isfinite(z).any()):
             # nothing the draft can propose is allowed here (grammar, lists, subset)
-            return self._next_side() if self.tree is not None else None
+            return self._next_side() if self._shape is not None else None
         if self._shaper.greedy:
             tok = argmax_rows(z)[0]
             conf = float(torch.softmax(z[0], dim=-1)[tok]) if self._min_conf > 0 else 1.0
@@ -159,7 +162,7 @@ class DraftModelProposer:
             tok = int(sample(q, self._gen))
             self._rows.append(q)
             conf = float(q[0, tok])
-        if self.tree is not None:
+        if self._shape is not None:
             return self._tree_take(z, q, tok, conf)
         self._tokens.append(tok)
         if tok in self._eos or conf < self._min_conf or len(self._tokens) >= self._k:
@@ -175,12 +178,12 @@ class DraftModelProposer:
         """`take` for a tree: the token joins the chain being drafted; at a main-chain
         depth the shape branches at, its side children are noted (with where the KV and
         the grammar stand); when the chain stops, the next side chain starts."""
-        assert self.tree is not None
+        assert self._shape is not None
         nodes = self._nodes
         node = nodes.add(tok, self._at, q)
         if self._main:
             state = (len(self._fed), self._consumed)
-            for side in side_tokens(z, tok, self.tree.sides(self._depth), q, self._gen):
+            for side in side_tokens(z, tok, self._shape.sides(self._depth), q, self._gen):
                 nodes.pending.append(Side(self._at, self._depth, side, q, state))
         if tok in self._eos or conf < self._min_conf or self._depth >= self._limit:
             return self._next_side()
@@ -196,7 +199,7 @@ class DraftModelProposer:
     def _next_side(self) -> list[int] | None:
         """Start the next side chain: back to its parent's KV and grammar state, its first
         token drafted already; the feed (None: no side child left to draft on)."""
-        assert self.tree is not None
+        assert self._shape is not None
         nodes = self._nodes
         while nodes.pending:
             side = nodes.pending.pop(0)
@@ -209,7 +212,7 @@ class DraftModelProposer:
             self._consumed = consumed
             node = nodes.add(side.token, side.parent, side.q)
             self._main, self._depth = False, side.depth
-            self._limit = min(self._k, side.depth + self.tree.branch - 1)
+            self._limit = min(self._k, side.depth + self._shape.branch - 1)
             if side.token in self._eos or side.depth >= self._limit:
                 continue
             self._advance(node, side.token)
@@ -220,7 +223,7 @@ class DraftModelProposer:
         """The proposal; the grammar is back where `begin` found it."""
         if self._grammar is not None and self._consumed:
             self._grammar.rollback(self._consumed)
-        if self.tree is not None:
+        if self._shape is not None:
             nodes = self._nodes
             probs = torch.cat(nodes.rows) if nodes.rows else None  # (n, V)
             return Proposal(list(nodes.tokens), probs, list(nodes.parents))

@@ -87,6 +87,8 @@ class HeadProposer:
     ) -> None:
         self.head = head
         self.tree: TreeShape | None = None  # drafts trees of this shape (set by its builder)
+        self.tree_on = True  # off: the next proposal drafts a chain (batch/tree_choice.py)
+        self._shape: TreeShape | None = None  # this proposal's tree shape
         self.feature_layers = head.cfg.taps
         self._shaper = shaper
         self._gen = generator
@@ -150,15 +152,16 @@ class HeadProposer:
             return Proposal([])
         nodes = TreeNodes()
         self._consumed = 0
+        self._shape = self.tree if self.tree_on else None
         try:  # 2. the chain (and, with a tree shape, the side chains)
             self._chain(nodes, self._last, last, -1, 1, k, True)
-            while self.tree is not None and nodes.pending:
+            while self._shape is not None and nodes.pending:
                 side = nodes.pending.pop(0)
                 o, pos, length, at = side.state
                 cache.length = length
                 self._rollback_to(at)
                 node = nodes.add(side.token, side.parent, side.q)
-                limit = min(k, side.depth + self.tree.branch - 1)
+                limit = min(k, side.depth + self._shape.branch - 1)
                 if side.token in self._eos or side.depth >= limit:
                     continue
                 self._consume(side.token)
@@ -168,7 +171,7 @@ class HeadProposer:
         finally:
             self._rollback_to(0)
         probs = torch.cat(nodes.rows) if nodes.rows else None
-        return Proposal(nodes.tokens, probs, None if self.tree is None else nodes.parents)
+        return Proposal(nodes.tokens, probs, None if self._shape is None else nodes.parents)
 
     def _chain(
         self, nodes: TreeNodes, o: torch.Tensor, pos: int, at: int, depth: int, limit: int,
@@ -185,9 +188,9 @@ class HeadProposer:
                 return
             tok, q, conf, shaped = pick
             node = nodes.add(tok, at, q)
-            if main and self.tree is not None:
+            if main and self._shape is not None:
                 state = (o, pos, cache.length, self._consumed)
-                for side in side_tokens(shaped, tok, self.tree.sides(depth), q, self._gen):
+                for side in side_tokens(shaped, tok, self._shape.sides(depth), q, self._gen):
                     nodes.pending.append(Side(at, depth, side, q, state))
             if tok in self._eos or conf < self._min_conf or depth >= limit:
                 return

@@ -13,6 +13,7 @@ import torch
 
 from gateway.engine import DecodeRequest, Engine, SamplingParams, TokenSequencesGrammar, tree_step
 from gateway.engine.batch import masks as masks_module
+from gateway.engine.batch import tree_choice
 from gateway.engine.models import wrap_model
 from gateway.speed import wrap_fast
 from tests.support.batch import Job, drive, mistral
@@ -33,6 +34,14 @@ def noisy(model, scale: float, seed: int = 0):  # type: ignore[no-untyped-def]
         for prm in out.parameters():
             prm.add_(torch.randn(prm.shape, generator=gen) * scale)
     return out
+
+
+@pytest.fixture(autouse=True)
+def trees_always(request, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every step of a tree row drafts a tree (batch/tree_choice.py would switch to chains
+    where they pay better; test_tree_choice.py checks the switch)."""
+    if "switching" not in request.node.name:
+        monkeypatch.setattr(tree_choice, "_pick", lambda *a: True)
 
 
 @pytest.fixture(scope="module", params=["lean", "eager"])
@@ -142,6 +151,16 @@ def test_greedy_trees_in_a_mixed_batch_are_standard_decoding(eng, draft, head, p
     assert sum(r.stats.accepted for r in got) > 20
 
 
+def test_rows_switching_between_trees_and_chains_are_standard_decoding(
+    eng, draft, head, prompts
+) -> None:
+    """With the switch on (batch/tree_choice.py: warm-up steps of each mode, then by rate,
+    exploring), every row is still standard decoding token for token."""
+    jobs = mixed(eng, draft, head, prompts)
+    got = drive(eng.batch(8), eng, jobs)
+    assert check_mixed(eng, jobs, got) == 0
+
+
 def sees_siblings(start, parents, keys, width, window, chunk=None):  # type: ignore[no-untyped-def]
     """A broken tree mask: every node sees every node fed before it (a chain's mask)."""
     sees = masks_module.visible(
@@ -229,3 +248,15 @@ def test_the_tree_mask_by_hand(window, chunk) -> None:  # type: ignore[no-untype
             if chunk is not None and (j <= len(parents) or key < start):
                 ok &= kpos // chunk == qpos // chunk
             assert bool(sees[j, key]) == ok, (j, key)
+
+
+def test_a_tree_row_runs_to_the_end_of_its_context(eng, draft, head) -> None:
+    """Near the slot's end a tree is cut to the room left (by index): the row still ends
+    with "length" on standard decoding's tokens."""
+    prompt = tuple(range(40, 120))  # 80 of the 96 positions
+    for d in (draft, head):
+        req = DecodeRequest(prompt, **spec(40, k=6, tree=(4, 3)))
+        res = eng.run(req, draft=d)
+        alone = standard(eng, req)
+        assert res.token_ids == alone.token_ids and res.finish_reason == alone.finish_reason
+        assert res.finish_reason == "length"
