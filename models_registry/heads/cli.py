@@ -1,8 +1,10 @@
 """``python -m models_registry heads ...``: train a draft head for a target.
 
 python -m models_registry heads train --target DIR --data FILE --out DIR [options]
-python -m models_registry heads corpus --out FILE.jsonl   (the demo's data: the
-    training split of models_registry/demo/corpus.py, one file a line)
+python -m models_registry heads generate --target DIR --data FILE --out FILE.jsonl [options]
+python -m models_registry heads eval --target DIR --head DIR --data FILE [options]
+python -m models_registry heads corpus --out FILE.jsonl [--held-out]   (the demo's data:
+    the training (or held-out) split of models_registry/demo/corpus.py, one file a line)
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     c = cmds.add_parser("corpus", help="write the demo's training data")
     c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--held-out", action="store_true", help="the held-out split instead")
     return parser
 
 
@@ -73,11 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "corpus":
         from models_registry.demo.corpus import load_corpus
 
-        train_files, _ = load_corpus()
+        train_files, held_out = load_corpus()
+        files = held_out if args.held_out else train_files
         with args.out.open("w", encoding="utf-8") as f:
-            for item in train_files:
+            for item in files:
                 f.write(json.dumps({"text": item.text}) + "\n")
-        print(f"{len(train_files)} files -> {args.out}")
+        print(f"{len(files)} files -> {args.out}")
         return 0
     if args.command == "generate":
         from models_registry.heads.generate import generate

@@ -30,14 +30,14 @@ from models_registry.heads.ttt import unroll
 def greedy_continue(target: Any, prompts: torch.Tensor, new: int) -> torch.Tensor:
     """(B, P) prompts -> (B, P + new): the target's greedy continuations (no stop)."""
     out = target(input_ids=prompts, use_cache=True)
-    past, seqs = out.past_key_values, [prompts]
+    seqs = [prompts]
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     for i in range(new):
         seqs.append(nxt)
         if i == new - 1:
             break
-        out = target(input_ids=nxt, past_key_values=past, use_cache=True)
-        past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        out = target(input_ids=nxt, cache=out.cache, use_cache=True)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     return torch.cat(seqs, dim=1)
 
 

@@ -135,7 +135,7 @@ def test_the_docs_commands_are_the_commands_the_cli_takes() -> None:
         if block.startswith("python -m models_registry heads")
     ]
     commands = [c[: c.index("```")] if "```" in c else c for c in commands]
-    assert {c[4] for c in commands} == {"corpus", "train"}
+    assert {c[4] for c in commands} == {"corpus", "generate", "train", "eval"}
     for c in commands:
         build_parser().parse_args(c[4:])
     with pytest.raises(SystemExit):
