@@ -105,9 +105,9 @@ gateway does). Each case starts twice on the same var dir: a first start (which 
 and keeps what the gateway keeps) and the restart that is measured. REALISTIC_CASES=a,b
 overrides the list (those cases run again); REALISTIC_PARTS=first or =rest runs only the
 first starts or only the restarts (a case's first start is kept in
-var/bench-realistic/partial.json for its restart), so that a long run can be split;
-REALISTIC_RESUME=1 keeps the cases (and first starts) an earlier run finished and runs the
-rest, merging them into one report."""
+var/bench-realistic/partial.json for its restart), so that a long run can be split, and
+=none only writes the report; REALISTIC_RESUME=1 keeps the cases (and first starts) an
+earlier run finished and runs the rest, merging them into one report."""
 PARAMS_7B = 7_615_616_512  # Qwen2.5-7B (hidden 3584, 28 layers, 4 KV heads, untied head)
 SETTINGS = ("new_tokens", "one_client", "clients", "rounds")
 
@@ -121,7 +121,7 @@ def run(out_dir: Path, quick: bool = False, plan: dict[str, Any] | None = None) 
         if os.environ.get(f"REALISTIC_{key.upper()}"):
             values = tuple(int(x) for x in os.environ[f"REALISTIC_{key.upper()}"].split(","))
             plan[key] = values if key == "clients" else values[0]
-    parts = os.environ.get("REALISTIC_PARTS", "first,rest").split(",")
+    parts = os.environ.get("REALISTIC_PARTS", "first,rest").split(",")  # none: report only
     prompts = _prompt_ids(max(plan["clients"]))
     common = {k: plan[k] for k in SETTINGS}
     partial = CACHE / "partial.json"
@@ -170,6 +170,7 @@ def run(out_dir: Path, quick: bool = False, plan: dict[str, Any] | None = None) 
     }  # fmt: skip
     result["goals"] = _goals(cases)
     result["start_7b_extrapolated"] = _extrapolate(cases, built)
+    result["first_start_7b_extrapolated"] = _extrapolate(cases, built, "first")
     _plot(out_dir / "realistic.png", cases)
     return result
 
@@ -246,12 +247,15 @@ def _goals(cases: dict[str, Any]) -> dict[str, Any]:
     return goals
 
 
-def _extrapolate(cases: dict[str, Any], built: dict[str, Any]) -> dict[str, Any]:
-    """Per dtype, each part of the restart's ready time fitted as a + b x parameters over
-    the shapes measured (a line through two, proportional with one), at a 7B's parameters."""
+def _extrapolate(
+    cases: dict[str, Any], built: dict[str, Any], start: str = "restart"
+) -> dict[str, Any]:
+    """Per dtype, each part of the `start`'s (restart or first) ready time fitted as a + b x
+    parameters over the shapes measured (a line through two, proportional with one), at a
+    7B's parameters."""
     out: dict[str, Any] = {}
     for dtype in sorted({k.split("/")[1] for k in cases}):
-        points = [(built[k.split("/")[0]]["parameters"], c["start"]["restart"])
+        points = [(built[k.split("/")[0]]["parameters"], c["start"][start])
                   for k, c in cases.items() if k.split("/")[1] == dtype]  # fmt: skip
         points.sort(key=lambda p: p[0])
         parts = sorted({p for _, r in points for p in r["target_parts_s"]} | {"imports"})
@@ -347,7 +351,9 @@ def table(result: dict[str, Any]) -> str:
             f"{c['identical_outputs']['hf_1_vs_standard_1']}"
         )
     lines.append(f"goals: {json.dumps(result['goals'])}")
-    lines.append(f"7B start (extrapolated): {json.dumps(result['start_7b_extrapolated'])}")
+    lines.append(f"7B restart (extrapolated): {json.dumps(result['start_7b_extrapolated'])}")
+    first = result.get("first_start_7b_extrapolated")
+    lines.append(f"7B first start (extrapolated): {json.dumps(first)}")
     return "\n".join(lines)
 
 

@@ -90,3 +90,30 @@ def test_extrapolation_is_a_line_through_the_shapes_and_counts_each_part_once() 
 
 def test_same_is_the_share_of_equal_outputs() -> None:
     assert _same([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == 0.5
+
+
+def test_a_case_compares_with_the_generate_rounds_of_its_own_process() -> None:
+    from benchmarks.realistic import _case
+
+    def run(rate: float, outputs: list[list[int]], acceptance: float | None = None) -> dict:
+        return {"tokens_per_s": rate, "rounds_tokens_per_s": [rate], "seconds": 1.0,
+                "acceptance": acceptance, "outputs": outputs}  # fmt: skip
+
+    same, other = [[5, 6, 7]], [[5, 6, 8]]
+    rss = {"rss": 300, "peak": 320}
+    restart = {
+        "runs": {"standard_1": run(9.0, same), "speculative_1": run(12.0, same, 0.7),
+                 "hf_generate_1": run(10.0, other)},
+        "weight_bytes": 200, "kv_bytes": 50, "draft_head_bytes": 10, "rss_ready": rss,
+        "rss_draft_loaded": rss, "rss_end": rss, "rss_imports": 40, "linear_form": "torch",
+        "packs_end": {"kept": 0, "made": 0},
+    }  # fmt: skip
+    first = {"rss_draft_loaded": rss}
+    got = _case({}, first, restart, {"rss_end": rss, "load_s": 1.0}, one_client=1)
+    assert got["tokens_per_s"]["hf_generate_1"] == 10.0
+    assert got["identical_outputs"] == {"speculative_1_vs_standard_1": 1.0,
+                                        "hf_1_vs_standard_1": 0.0}  # fmt: skip
+    assert got["memory"]["rss_over_budget"] == 1.2  # 300 / (200 + 50)
+    goals = _goals({"qwen2.5-0.5b/float32": got})
+    assert goals["standard_1_at_least_0.9x_hf"]["qwen2.5-0.5b/float32"] == {
+        "ratio": 0.9, "pass": True}  # fmt: skip
