@@ -22,6 +22,7 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Any, context_ids: tuple[int, ...] = ()) -> None:
         self._tok = tokenizer
+        self._native = native_decode(tokenizer)
         self._ids: list[int] = list(context_ids[-6:])
         self._prefix = 0
         self._read = len(self._ids)
@@ -47,7 +48,28 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         if not ids:
             return ""
+        if self._native is not None:
+            return str(self._native(ids, skip_special_tokens=True))
         return str(self._tok.decode(ids, skip_special_tokens=True))
+
+
+def native_decode(tokenizer: Any) -> Any:
+    """The `tokenizers` library's own decode under a transformers fast tokenizer whose
+    `decode` adds nothing to it (its `_decode` not overridden, no clean-up of spaces), else
+    None. transformers' `decode` converts its arguments and dispatches on every call, which
+    costs more than the decode itself for the two-token windows pushed per token."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers version: its decode is used
+        return None
+    if not isinstance(tokenizer, TokenizersBackend):
+        return None
+    if type(tokenizer)._decode is not TokenizersBackend._decode:
+        return None
+    if getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    backend: Any = tokenizer.backend_tokenizer
+    return backend.decode
 
 
 class _StopMatcher:
