@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import queue
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -95,12 +96,35 @@ def drive(send: Send, n: int, clients: int) -> tuple[float, list[str]]:
     return tokens / (time.perf_counter() - t0), texts
 
 
-def _gateway_send(url: str, key: str, texts: list[str], decoding: dict[str, Any]) -> Send:
+class Pool:
+    """HTTP clients made before any timing, one per client at most, each request on one
+    taken from the pool: an httpx client costs tens of milliseconds of CPU to make (its TLS
+    context), which `httpx.post` pays on every request. No connection is kept alive (a
+    fresh one per request, on every side alike: llama-server may close a kept-alive one
+    after a response, and the next request on it fails)."""
+
+    def __init__(self, size: int) -> None:
+        self._free: queue.SimpleQueue[httpx.Client] = queue.SimpleQueue()
+        for _ in range(size):
+            limits = httpx.Limits(max_keepalive_connections=0)
+            self._free.put(httpx.Client(timeout=600, limits=limits))
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        client = self._free.get()
+        try:
+            return client.post(url, **kwargs)
+        finally:
+            self._free.put(client)
+
+
+def _gateway_send(
+    pool: Pool, url: str, key: str, texts: list[str], decoding: dict[str, Any]
+) -> Send:
     def send(i: int) -> tuple[str, int]:
         body = {"model": "t", "prompt": texts[i], "max_tokens": NEW_TOKENS, "temperature": 0,
                 "decoding": decoding}  # fmt: skip
-        r = httpx.post(f"{url}/v1/completions", json=body, timeout=600,
-                       headers={"authorization": f"Bearer {key}"})  # fmt: skip
+        r = pool.post(f"{url}/v1/completions", json=body,
+                      headers={"authorization": f"Bearer {key}"})  # fmt: skip
         r.raise_for_status()
         j = r.json()
         return j["choices"][0]["text"], int(j["usage"]["completion_tokens"])
@@ -108,12 +132,11 @@ def _gateway_send(url: str, key: str, texts: list[str], decoding: dict[str, Any]
     return send
 
 
-def _server_send(url: str, prompts: list[list[int]]) -> Send:
+def _server_send(pool: Pool, url: str, prompts: list[list[int]]) -> Send:
     def send(i: int) -> tuple[str, int]:
-        # a fresh connection per request: llama-server may close a kept-alive one
         body = {"prompt": prompts[i], "n_predict": NEW_TOKENS, "temperature": 0,
                 "cache_prompt": False}  # fmt: skip
-        r = httpx.post(f"{url}/completion", json=body, timeout=600)
+        r = pool.post(f"{url}/completion", json=body)
         r.raise_for_status()
         j = r.json()
         return j["content"], int(j["tokens_predicted"])
@@ -135,7 +158,9 @@ def _tiled_off() -> Iterator[None]:
             os.environ["GGML_CPU_TILED_MM"] = before
 
 
-def _servers(stack: ExitStack, kind: str, clients: int, ids: list[list[int]]) -> dict[str, Send]:
+def _servers(
+    stack: ExitStack, pool: Pool, kind: str, clients: int, ids: list[list[int]]
+) -> dict[str, Send]:
     """The three llama-servers of one quantization and number of clients, started at once
     (an idle one waits on its socket)."""
     urls = {
@@ -148,7 +173,7 @@ def _servers(stack: ExitStack, kind: str, clients: int, ids: list[list[int]]) ->
         urls[SERVER_SAME] = stack.enter_context(
             _llamacpp.server(None, clients, threads=1, kind=kind, extra=SAME_KERNELS)
         )
-    return {side: _server_send(u, ids) for side, u in urls.items()}
+    return {side: _server_send(pool, u, ids) for side, u in urls.items()}
 
 
 def _cpu() -> str:
@@ -179,6 +204,7 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     rounds = 1 if quick else int(os.environ.get("ROUNDS", "2"))
     clients_all = [int(c) for c in os.environ.get("CLIENTS", "1,8").split(",")]
     _llamacpp.server_binary()
+    pool = Pool(max(clients_all))
     report: dict[str, Any] = {
         "new_tokens": NEW_TOKENS, "prompts": len(texts), "rounds": rounds, "k": K,
         "cpu": _cpu(), "cores": os.cpu_count(),
@@ -198,10 +224,10 @@ def run(out_dir: Path, quick: bool = False) -> dict[str, Any]:
             prefix_cache="false",
         )  # fmt: skip
         try:
-            gateway = {s: _gateway_send(url, key, texts, d) for s, d in MODES.items()}
+            gateway = {s: _gateway_send(pool, url, key, texts, d) for s, d in MODES.items()}
             for clients in clients_all:
                 with ExitStack() as stack:
-                    sends = {**_servers(stack, kind, clients, ids), **gateway}
+                    sends = {**_servers(stack, pool, kind, clients, ids), **gateway}
                     _measure(report, f"{kind}/{clients}", sends, len(texts), clients, rounds)
         finally:
             proc.terminate()
