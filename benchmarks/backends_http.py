@@ -13,8 +13,10 @@ quantization and number of clients:
 - llama-server (benchmarks/_llamacpp.py: one slot per client, one thread, prompt cache
   off, the prompt sent as the gateway's token ids) as users run it, without a draft and
   with draft v2 (`-md`, n_max 8), and once more without a draft but with the kernels the
-  backend keeps for exactness (`--no-repack`, `-ub 63`, GGML_CPU_TILED_MM=0;
-  gateway/engine/backends/llamacpp.py).
+  backend keeps for exactness (`--no-repack`: no repacked weights; `-ub 63`: a prompt in
+  calls of at most 63 tokens; gateway/engine/backends/llamacpp_calls.py). Its prompts take
+  the tiled K-quant product as the backend's do; a decode step of 8 tokens or more (8
+  clients) takes it too, where the backend's stays on the one-token kernels.
 
 Every side of one quantization and number of clients runs in each round, the order
 reversed every other round. Reported per run: tokens/s per round, the mean, and how many
@@ -33,9 +35,9 @@ import platform
 import queue
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -144,20 +146,6 @@ def _server_send(pool: Pool, url: str, prompts: list[list[int]]) -> Send:
     return send
 
 
-@contextmanager
-def _tiled_off() -> Iterator[None]:
-    """GGML_CPU_TILED_MM=0 for a llama-server started inside (it inherits it)."""
-    before = os.environ.get("GGML_CPU_TILED_MM")
-    os.environ["GGML_CPU_TILED_MM"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("GGML_CPU_TILED_MM", None)
-        else:
-            os.environ["GGML_CPU_TILED_MM"] = before
-
-
 def _servers(
     stack: ExitStack, pool: Pool, kind: str, clients: int, ids: list[list[int]]
 ) -> dict[str, Send]:
@@ -169,10 +157,9 @@ def _servers(
             _llamacpp.server("draft_v2", clients, threads=1, n_max=8, kind=kind)
         ),
     }
-    with _tiled_off():
-        urls[SERVER_SAME] = stack.enter_context(
-            _llamacpp.server(None, clients, threads=1, kind=kind, extra=SAME_KERNELS)
-        )
+    urls[SERVER_SAME] = stack.enter_context(
+        _llamacpp.server(None, clients, threads=1, kind=kind, extra=SAME_KERNELS)
+    )
     return {side: _server_send(pool, u, ids) for side, u in urls.items()}
 
 
