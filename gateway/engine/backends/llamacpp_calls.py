@@ -10,8 +10,10 @@ call of 7 or fewer. So a model with such weights (`tiled_weights`) runs:
 - a forward that is not a prompt's (decode and verify steps: their logits are used) in
   calls of at most `DECODE_PART` tokens, all on vec_dot;
 - a prompt's forward (prefill chunks; only their keys and values are kept) one row's part
-  per call, padded to `PROMPT_MIN` tokens with copies of its last token at the positions
-  after it, all on the tiled product, which is the faster one for several tokens. The
+  per call, its chunk cut into even parts (70 tokens: two of 35, not 63 and 7), a chunk
+  under `PROMPT_MIN` tokens padded to it with copies of its last token at the positions
+  after it, all on the tiled product, which is the faster one for several tokens (from
+  about 16 tokens a call; 8 cost what the one-token kernels do). The
   padding's keys and values are written past the row's length and dropped before its next
   forward; causal attention keeps them out of the real tokens' results.
 
@@ -97,23 +99,28 @@ def plan(
 ) -> list[Call]:  # fmt: skip
     """The calls of one forward: row r writes tokens[r] into sequence slots[r] from
     position starts[r], its last wants[r] tokens' logits come back. Rows go in slot order
-    (llama.cpp puts only consecutive sequences in one pass). `prompt`: one call per row's
-    part, padded to PROMPT_MIN; otherwise each part's entries in calls of at most `limit`
-    tokens, as even as they go."""
+    (llama.cpp puts only consecutive sequences in one pass). `prompt`: each row's tokens in
+    even parts of at most ROW_PART, one call each, a part under PROMPT_MIN padded (only a
+    row's whole chunk can be that short); otherwise the rows' ROW_PART-token parts in calls
+    of at most `limit` tokens, as even as they go."""
     order = sorted(range(len(slots)), key=slots.__getitem__)
-    longest = max((len(t) for t in tokens), default=0)
     calls: list[Call] = []
+    if prompt:
+        for r in order:
+            at = 0
+            for size in _even(len(tokens[r]), ROW_PART) if tokens[r] else []:
+                seg = tokens[r][at : at + size]
+                call = Call()
+                call.add(r, slots[r], starts[r] + at, seg, _flags(tokens[r], wants[r], at, seg))
+                pad = PROMPT_MIN - size
+                if pad > 0:
+                    call.add(r, slots[r], starts[r] + at + size, [seg[-1]] * pad, [0] * pad)
+                calls.append(call)
+                at += size
+        return calls
+    longest = max((len(t) for t in tokens), default=0)
     for lo in range(0, longest, ROW_PART):
         segs = [(r, tokens[r][lo : lo + ROW_PART]) for r in order if len(tokens[r]) > lo]
-        if prompt:
-            for r, seg in segs:
-                call = Call()
-                call.add(r, slots[r], starts[r] + lo, seg, _flags(tokens[r], wants[r], lo, seg))
-                pad = PROMPT_MIN - len(seg)
-                if pad > 0:
-                    call.add(r, slots[r], starts[r] + lo + len(seg), [seg[-1]] * pad, [0] * pad)
-                calls.append(call)
-            continue
         for group in _packs(segs, limit):
             call = Call()
             for r, a, piece in group:

@@ -118,7 +118,8 @@ def test_greedy_speculative_equals_standard(wide, proposer) -> None:
 
 def test_forwards_are_cut_into_calls_of_one_kind_of_kernel() -> None:
     """Decode and verify forwards: calls of at most 7 tokens, rows of one length together;
-    prompt forwards: a call per row's part, padded to 8 with its last token."""
+    prompt forwards: a call per row's part, parts as even as they go, a short one padded to
+    8 with its last token."""
     calls = llamacpp_calls.plan([0, 1], [10, 20], [[1] * 9, [2] * 3], [9, 1], False, 7)
     assert [len(c) for c in calls] == [5, 4, 3]
     assert [c.owners for c in calls] == [[(0, 5)], [(0, 4)], [(1, 1)]]
@@ -126,9 +127,10 @@ def test_forwards_are_cut_into_calls_of_one_kind_of_kernel() -> None:
     eight = llamacpp_calls.plan(list(range(8)), [0] * 8, [[5]] * 8, [1] * 8, False, 7)
     assert [len(c) for c in eight] == [4, 4]
     calls = llamacpp_calls.plan([1, 0], [4, 0], [[7, 8, 9], [1] * 70], [1, 1], True, 7)
-    assert [len(c) for c in calls] == [63, 8, 8]
-    assert list(calls[1].ids) == [7, 8, 9] + [9] * 5 and list(calls[1].outs) == [0, 0, 1] + [0] * 5
-    assert calls[1].ends == [(0, 7), (0, 12)] and calls[2].ends == [(1, 70), (1, 71)]
+    assert [len(c) for c in calls] == [35, 35, 8]  # slot 0's 70 tokens in even parts
+    assert calls[1].ends == [(1, 70)] and list(calls[1].outs)[-1] == 1
+    assert list(calls[2].ids) == [7, 8, 9] + [9] * 5 and list(calls[2].outs) == [0, 0, 1] + [0] * 5
+    assert calls[2].ends == [(0, 7), (0, 12)]
 
 
 def test_rows_of_a_batch_give_their_alone_tokens_and_logprobs(wide) -> None:
