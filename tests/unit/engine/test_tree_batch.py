@@ -260,3 +260,21 @@ def test_a_tree_row_runs_to_the_end_of_its_context(eng, draft, head) -> None:
         alone = standard(eng, req)
         assert res.token_ids == alone.token_ids and res.finish_reason == alone.finish_reason
         assert res.finish_reason == "length"
+
+
+def test_a_head_tree_row_gets_the_targets_states_of_its_committed_positions(
+    eng, head, prompts, monkeypatch, side_paths
+) -> None:
+    """The head reads the states of the root and the accepted path (gathered from the tree
+    forward's rows), which are those of the committed positions (control: off by one)."""
+    from .test_head import collect_features, features_match, reference_features
+
+    seen = collect_features(monkeypatch)
+    for i, p in enumerate(prompts[:4]):
+        res = eng.run(DecodeRequest(p, **spec(20)), draft=head)
+        committed = [*p, *res.token_ids][:-1]
+        ref = reference_features(eng, committed, head.model.cfg.taps)
+        assert len(seen) == i + 1
+        assert features_match(seen[i], ref)
+        assert not features_match(seen[i], ref, shift=1)
+    assert side_paths[1] > 0  # some accepted paths left the main chain
