@@ -278,3 +278,14 @@ def test_a_head_tree_row_gets_the_targets_states_of_its_committed_positions(
         assert features_match(seen[i], ref)
         assert not features_match(seen[i], ref, shift=1)
     assert side_paths[1] > 0  # some accepted paths left the main chain
+
+
+def test_head_trees_under_a_grammar_are_standard_decoding(eng, head, prompts) -> None:
+    """Every branch of a head's tree is drafted under the grammar (its state rolled back to
+    each side child's parent), and the grammar row decodes as standard decoding does."""
+    seqs = [eng.tokenizer(w, add_special_tokens=False)["input_ids"] for w in WORDS]
+    for p in prompts[:3]:
+        req = DecodeRequest(p, **spec(25), grammar=TokenSequencesGrammar(seqs, True))
+        res = eng.run(req, draft=head)
+        alone = standard(eng, req, TokenSequencesGrammar(seqs, True))
+        assert res.token_ids == alone.token_ids
