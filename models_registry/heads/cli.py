@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     e = cmds.add_parser("eval", help="a head's chain acceptance on the target's own text")
     e.add_argument("--target", type=Path, required=True)
-    e.add_argument("--head", type=Path, required=True, help="a head directory")
+    e.add_argument(
+        "--head", type=Path, nargs="+", required=True, help="head directories (compared)"
+    )
     e.add_argument("--data", type=Path, required=True, help="prompts: .txt or .jsonl")
     e.add_argument("--prompts", type=int, default=32)
     e.add_argument("--prompt-tokens", type=int, default=64)

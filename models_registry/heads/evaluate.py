@@ -1,7 +1,7 @@
 """How well a head drafts for its target, offline: on the target's own greedy continuations
 of prompts, the chain acceptance a greedy verifier would give at each depth.
 
-    python -m models_registry heads eval --target DIR --head DIR [--data FILE]
+    python -m models_registry heads eval --target DIR --head DIR [DIR ...] --data FILE
         [--prompts N] [--prompt-tokens P] [--new T] [--depth D] [--k K]
 
 For each committed prefix of a continuation (the prompt and the first j generated tokens),
@@ -116,18 +116,19 @@ def evaluate(a: Any) -> dict[str, Any]:
         str(a.target), local_files_only=True, dtype=torch.float32
     ).eval()
     m = target
-    head = load_head(
-        a.head, m.get_input_embeddings().weight, m.get_output_embeddings().weight,
-        not a.full_vocab,
-    )  # fmt: skip
     ids = encode(tok, read_texts(Path(a.data)))
     windows = prompt_windows(ids, a.prompts, a.prompt_tokens, a.seed)
     seqs = greedy_continue(target, windows, a.new)
-    lengths = accepted_lengths(head, target, seqs, a.prompt_tokens, a.depth)
-    out = summarize(lengths, a.depth, tuple(a.k))
-    out.update({"head": str(a.head), "data": Path(a.data).name, "prompts": a.prompts,
-                "prompt_tokens": a.prompt_tokens, "new": a.new, "seed": a.seed})  # fmt: skip
-    return out
+    heads = {}
+    for path in a.head:  # every head on the same continuations
+        head = load_head(
+            path, m.get_input_embeddings().weight, m.get_output_embeddings().weight,
+            not a.full_vocab,
+        )  # fmt: skip
+        lengths = accepted_lengths(head, target, seqs, a.prompt_tokens, a.depth)
+        heads[str(path)] = summarize(lengths, a.depth, tuple(a.k))
+    return {"heads": heads, "data": Path(a.data).name, "prompts": a.prompts,
+            "prompt_tokens": a.prompt_tokens, "new": a.new, "seed": a.seed}  # fmt: skip
 
 
 def main_eval(args: Any) -> int:

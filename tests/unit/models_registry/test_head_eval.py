@@ -103,5 +103,5 @@ def test_generate_and_eval_commands(target_dir, tmp_path, capsys) -> None:
             "--data", str(data), "--prompts", "2", "--prompt-tokens", "4", "--new", "10",
             "--depth", "3", "--k", "2"]  # fmt: skip
     assert heads_main(args) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["heads"][str(tmp_path / "head")]
     assert len(report["acceptance_at_depth"]) == 3 and set(report["tau_at_k"]) == {"2"}
