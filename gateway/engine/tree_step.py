@@ -9,7 +9,8 @@ target's distribution there. What is dropped, and why it stays exact (tree_verif
 - a forbidden node itself: greedy, dropped (the target's argmax is allowed, so it would
   never be accepted); sampled, kept as a leaf with its parent's mask, so that its rejection
   (certain: p is 0 there) still takes its q out of the residual, as the rule requires;
-- nodes past the room left in the row's context (by index, never by value).
+- nodes past the room left in the row's context, or past MAX_K nodes (a step's feed is at
+  most 1 + MAX_K tokens, what the slots' padding holds), by index, never by value.
 
 The grammar ends where it started (no tokens consumed): the verdict's path is consumed as
 it is emitted (loop.settle_step).
@@ -26,6 +27,7 @@ from gateway.engine.constraints.base import next_token_mask
 from gateway.engine.proposers.base import Proposal
 from gateway.engine.sampling import LogitsShaper, argmax_rows
 from gateway.engine.tree_verifier import TreeVerdict, verify_tree_greedy, verify_tree_sampled
+from gateway.limits import MAX_K
 
 if TYPE_CHECKING:
     from gateway.engine.loop import LoopConfig
@@ -49,6 +51,7 @@ def tree_plan(
     eos = frozenset(cfg.target.eos_token_ids)
     greedy = cfg.shaper.greedy
     room = cfg.target.context_length - len(cfg.prompt_ids) - len(cfg.output.token_ids)
+    cap = min(room - 1, MAX_K)
     g = cfg.grammar
     vocab, dev = cfg.target.vocab_size, cfg.target.device
 
@@ -62,7 +65,7 @@ def tree_plan(
     at: list[int] = []  # the nodes the grammar has consumed, root down
     try:
         for i, (tok, par) in enumerate(zip(tokens, parents, strict=True)):
-            if len(new) >= room - 1:
+            if len(new) >= cap:
                 break
             if par >= 0 and (par not in new or par in leaf):
                 continue

@@ -289,3 +289,22 @@ def test_head_trees_under_a_grammar_are_standard_decoding(eng, head, prompts) ->
         res = eng.run(req, draft=head)
         alone = standard(eng, req, TokenSequencesGrammar(seqs, True))
         assert res.token_ids == alone.token_ids
+
+
+def test_a_tree_is_cut_to_max_k_nodes(eng, draft, monkeypatch) -> None:
+    """The widest shape the policy allows drafts more than MAX_K nodes: the step feeds at
+    most 1 + MAX_K tokens (what a slot's padding holds) and decodes exactly."""
+    from gateway.engine.batch import verify_step
+    from gateway.limits import MAX_K
+
+    widths: list[int] = []
+    real = verify_step.batched_forward
+
+    def spy(model, step, fast=None):  # type: ignore[no-untyped-def]
+        widths.append(max(len(x) for x in step.tokens))
+        return real(model, step, fast)
+
+    monkeypatch.setattr(verify_step, "batched_forward", spy)
+    req = DecodeRequest((10, 20, 30), **spec(20, k=16, tree=(8, 8, 8, 8)))
+    assert eng.run(req, draft=draft).token_ids == standard(eng, req).token_ids
+    assert max(widths) == 1 + MAX_K
