@@ -42,9 +42,13 @@ child's own children, which were drawn given the path to it: by the same claim t
 token follows p after x, and so on down the path; each emitted token follows the target
 given all emitted before it, so the whole emission is a sample of the target. The tree's
 shape may depend on a node's own token and its ancestors (a draft stops after EOS or a
-low-confidence token) but the number of children of u must not depend on their tokens:
-dropping a candidate because of its value would leave the others drawn from q restricted,
-not q (why `_tree_masks` keeps a forbidden child as a leaf instead of cutting it).
+low-confidence token), and how many candidates u has after c_i may depend on c_1..c_i and
+everything drafted below them (the induction step holds for any number of remaining
+candidates, as long as they are independent draws of q), but never on the remaining
+candidates' own tokens: dropping a candidate because of its value would leave the others
+drawn from q restricted, not q (why tree_step.py keeps a forbidden child as a leaf
+instead of cutting it, and cuts a tree to the room left by index only: nodes are
+numbered in drafting order, each candidate's subtree before the next candidate).
 
 A proposer without probabilities (one-hot q) can only draft chains for sampled requests:
 distinct one-hot siblings are not i.i.d. draws of anything.
