@@ -47,8 +47,10 @@ everything drafted below them (the induction step holds for any number of remain
 candidates, as long as they are independent draws of q), but never on the remaining
 candidates' own tokens: dropping a candidate because of its value would leave the others
 drawn from q restricted, not q (why tree_step.py keeps a forbidden child as a leaf
-instead of cutting it, and cuts a tree to the room left by index only: nodes are
-numbered in drafting order, each candidate's subtree before the next candidate).
+instead of cutting it, and cuts a tree to the room left by index only: a node comes after
+its parent and its earlier siblings, so whether a candidate is kept depends on nodes
+numbered before it: its ancestors, earlier candidates and what hangs below them, and
+other branches, which are independent draws; never on a later candidate).
 
 A proposer without probabilities (one-hot q) can only draft chains for sampled requests:
 distinct one-hot siblings are not i.i.d. draws of anything.
