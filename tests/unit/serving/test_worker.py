@@ -39,18 +39,31 @@ def spied_engine(tmp_path: Path, monkeypatch, seen: Callable[..., None]):  # typ
     """An engine on the tiny target whose batch forwards are shown to `seen(slots, tokens,
     keyword arguments)` before they run."""
     from gateway.engine import Engine
-    from gateway.engine.batch import scheduler
 
     manifest = load_manifest(tiny_models.build(tmp_path))
     target = load_fast(manifest.targets()[0].path, device="cpu", draft_vocab=False)
-    real = scheduler.batched_forward
 
-    def spy(model, step, fast=None):  # type: ignore[no-untyped-def]
-        seen(step.slots, step.tokens, {"keep_last": step.keep_last, "backbone": step.backbone})
-        return real(model, step, fast)
+    def spy(real):  # type: ignore[no-untyped-def]
+        def forward(model, step, fast=None):  # type: ignore[no-untyped-def]
+            keys = {"keep_last": step.keep_last, "backbone": step.backbone}
+            seen(step.slots, step.tokens, keys)
+            return real(model, step, fast)
 
-    monkeypatch.setattr(scheduler, "batched_forward", spy)
+        return forward
+
+    patch_target_forwards(monkeypatch, spy)
     return Engine(target)
+
+
+def patch_target_forwards(monkeypatch, wrap: Callable[..., Any]) -> None:  # type: ignore[no-untyped-def]
+    """The batch's target forwards, prefills (batch/scheduler.py) and decode and verify
+    steps (batch/verify_step.py), replaced by ``wrap(batched_forward)``."""
+    from gateway.engine.batch import forward, scheduler, verify_step
+
+    wrapped = wrap(forward.batched_forward)
+    for module in (scheduler, verify_step):
+        assert module.batched_forward is forward.batched_forward, module
+        monkeypatch.setattr(module, "batched_forward", wrapped)
 
 
 def counted_engine(tmp_path: Path, monkeypatch):  # type: ignore[no-untyped-def]
@@ -188,19 +201,21 @@ async def test_a_failing_shared_forward_ends_its_rows_and_the_worker_goes_on(
     """A forward that raises (a bug, out of memory) ends every row of its batch with the
     error; the thread lives on and the next request decodes on a fresh batch."""
     from gateway.engine import DecodeRequest, Engine, Finished, SamplingParams
-    from gateway.engine.batch import scheduler
 
     manifest = load_manifest(tiny_models.build(tmp_path))
     engine = Engine(load_fast(manifest.targets()[0].path, device="cpu", draft_vocab=False))
-    real, calls = scheduler.batched_forward, []
+    calls: list[int] = []
 
-    def broken_once(*args, **kw):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        if len(calls) == 2:  # the first decode step, after the prefill
-            raise RuntimeError("out of memory")
-        return real(*args, **kw)
+    def broken_once(real):  # type: ignore[no-untyped-def]
+        def forward(*args, **kw):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            if len(calls) == 2:  # the first decode step, after the prefill
+                raise RuntimeError("out of memory")
+            return real(*args, **kw)
 
-    monkeypatch.setattr(scheduler, "batched_forward", broken_once)
+        return forward
+
+    patch_target_forwards(monkeypatch, broken_once)
     req = DecodeRequest((5, 6, 7, 8), SamplingParams(temperature=0.0, max_tokens=6))
     worker = started(max_active=8, max_batch=4)
     try:
