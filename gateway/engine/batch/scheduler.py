@@ -46,7 +46,7 @@ from gateway.engine.batch.kchoice import choose_batch_k, explore_offset
 from gateway.engine.batch.prefix import PrefixCache
 from gateway.engine.batch.rows import Event, Parked, Row, StepMark, failed
 from gateway.engine.batch.slots import PREFILL_BUDGET, PREFILL_CHUNK, slot_pad
-from gateway.engine.batch.tree_choice import TreeChoice
+from gateway.engine.batch.tree_choice import TreeChoice, learned_for
 from gateway.engine.batch.verify_step import verify_rows
 from gateway.engine.loop import (
     NO_PROPOSAL,
@@ -87,7 +87,7 @@ class Batch:
         self.prefixes = PrefixCache(self.cache)  # prompt prefixes kept in free slots
         self.rows: list[Row] = []
         self.drafts: dict[int, DraftBatch] = {}  # id(draft model) -> its shared draft slots
-        self.trees = TreeChoice()  # whether each tree row's tree pays (batch/tree_choice.py)
+        self.trees = TreeChoice(learned_for(target.model))  # do trees pay (tree_choice.py)
         # Measured forward costs by id(model), shared with the engine (batch/costs.py): every
         # verify and draft forward here is observed; the k choice reads them.
         self.costs: dict[int, ForwardCosts] = {} if costs is None else costs
@@ -167,7 +167,6 @@ class Batch:
         highest slot moves into it, so that the rows keep slots 0..n-1, which a faster
         forward may read as one view of the slot buffers (gateway/speed)."""
         self.rows.remove(row)
-        self.trees.leave(row)
         freed = row.slot
         scope = row.cfg.cache_scope if keep else None
         tokens = row.ctx[: self.cache.length[freed]]
@@ -229,7 +228,7 @@ class Batch:
                 if k == 0 and row.cfg.policy is not None and row.cfg.policy.batch_k == 0:
                     row.cfg.stats.paused_steps += 1
                 ks.append((row, k))
-            self.trees.choose([r for r, k in ks if k], self.costs.get(id(self.target)), len(ks))
+            self.trees.choose([r for r, k in ks if k], len(ks))
             plans = self._plan(ks, events)  # 3b-4
             if plans:
                 self._verify(plans, events)  # 5-9

@@ -1,106 +1,122 @@
-"""Whether a row's draft tree pays at this batch, learned per row (the cost model's part
-for trees; scheduler.py asks before every step's proposals).
+"""Whether draft trees pay at this batch size, learned from the batch's own steps (the cost
+model's part for trees; scheduler.py asks before every step's proposals).
 
 A tree buys tokens per step (more candidates at the depths where the draft is unsure) with
 a wider verify feed and more draft forwards. Alone on this CPU the verify forward of 20
-tokens costs little more than one of 5, so the tree pays; in a full batch the forward's
-cost grows with rows x tokens and the padded width is every row's, so it stops paying.
+tokens costs little more than one of 5, so a tree may pay; in a full batch the forward's
+cost grows with rows x tokens, and the padded width and the shared draft forwards are
+every row's, so it stops paying. The rows of a step therefore switch together: per row
+bucket (1, 2, 4, 8, ... rows, as batch/costs.py buckets them), the target keeps moving
+averages of a step's tokens (all rows') and seconds (from the proposals to the last row
+settled) for the steps its tree rows drafted trees and for those they drafted chains, and
+each step takes the mode with the more tokens per second: a few steps of each first, and
+every EXPLORE-th step the other mode, so that both stay measured as the load changes. The
+averages live with the target model, so that every batch on it (a gateway's, or the
+one-row batch a lone tree request decodes in) learns from all of them.
 
-Per row that may draft a tree, the batch keeps, for the steps it drafted a tree and those
-it drafted a chain, moving averages of the tokens it emitted, the tokens it fed and its
-drafting seconds. Each step it drafts in the mode with the better rate,
-
-    tokens per step / (T(rows, fed tokens) + drafting seconds),
-
-T from the batch's measured forward costs (batch/costs.py) at the current rows; a few steps
-of each mode first, and every EXPLORE-th step the other mode, so that both stay measured
-as the batch changes. Which mode a step drafts in never changes what the verifier emits
-(both are exact); a seeded sampled request keeps its tree on every step, so that its seed
-alone fixes its text (the choice reads timings).
+Which mode a step drafts in never changes what the verifier emits (both are exact). A
+seeded sampled request keeps its tree on every step, so that its seed alone fixes its
+text (the choice reads timings).
 """
 
 from __future__ import annotations
 
+import time
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
-from gateway.engine.batch.costs import ForwardCosts
+from gateway.engine.batch.costs import row_bucket
 from gateway.engine.batch.rows import Row
 
 ALPHA = 0.25  # weight of the newest step in the moving averages
-WARM = 4  # steps of each mode before choosing by rate
+WARM = 4  # steps of each mode (per row bucket) before choosing by rate
 EXPLORE = 16  # every EXPLORE-th step runs the other mode
 
 
 @dataclass
-class ModeStats:
-    """Moving averages over the steps one row drafted in one mode."""
+class ModeRate:
+    """Moving averages over the steps of one mode at one row bucket."""
 
-    tokens: float = 0.0  # emitted per step
-    fed: float = 0.0  # tokens fed to the verify forward per step
-    draft_s: float = 0.0  # drafting seconds per step
+    tokens: float = 0.0  # emitted per step, all rows
+    seconds: float = 0.0  # per step, from the proposals to the last row settled
     steps: int = 0
 
-    def observe(self, tokens: int, fed: int, draft_s: float) -> None:
+    def observe(self, tokens: int, seconds: float) -> None:
         a = 1.0 if self.steps == 0 else ALPHA
         self.tokens += a * (tokens - self.tokens)
-        self.fed += a * (fed - self.fed)
-        self.draft_s += a * (draft_s - self.draft_s)
+        self.seconds += a * (seconds - self.seconds)
         self.steps += 1
 
-    def rate(self, costs: ForwardCosts, rows: int) -> float | None:
-        verify = costs.seconds(rows, max(1, round(self.fed)))
-        if verify is None:
-            return None
-        return self.tokens / max(verify + self.draft_s, 1e-9)
+    @property
+    def rate(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
 
 
 @dataclass
-class RowTrees:
-    tree: ModeStats = field(default_factory=ModeStats)
-    chain: ModeStats = field(default_factory=ModeStats)
+class Learned:
+    """One target's tree and chain rates by row bucket."""
+
+    modes: dict[int, dict[bool, ModeRate]] = field(default_factory=dict)
     steps: int = 0
-    drafted_s: float = 0.0  # the row's drafting seconds when this step began
+
+
+_LEARNED: weakref.WeakKeyDictionary[Any, Learned] = weakref.WeakKeyDictionary()
+
+
+def learned_for(model: Any) -> Learned:
+    """The rates kept for `model` (a fresh set for a model that cannot be weakly keyed)."""
+    try:
+        return _LEARNED.setdefault(model, Learned())
+    except TypeError:
+        return Learned()
 
 
 class TreeChoice:
-    """The per-row tree switches of one batch."""
+    """A batch's tree switch."""
 
-    def __init__(self) -> None:
-        self.rows: dict[int, RowTrees] = {}
+    def __init__(self, learned: Learned | None = None) -> None:
+        self.learned = Learned() if learned is None else learned
+        self._step: tuple[dict[bool, ModeRate], bool, float] | None = None
 
-    def choose(self, rows: list[Row], costs: ForwardCosts | None, batch: int) -> None:
+    def choose(self, rows: list[Row], batch: int) -> None:
         """Set `tree_on` on the proposers of `rows` that may draft a tree, in a step of
         `batch` decoding rows."""
+        self._step = None
+        switched = []
         for row in rows:
             p = row.cfg.proposer
             if getattr(p, "tree", None) is None:
                 continue
-            state = self.rows.setdefault(id(row), RowTrees())
-            state.drafted_s = row.times.draft_s
             policy = row.cfg.policy
-            fixed = policy is None or not policy.measure_c  # seeded sampled: always a tree
-            p.tree_on = True if fixed else _pick(state, costs, batch)  # type: ignore[union-attr]
-
-    def observe(self, row: Row, tree: bool, emitted: int, fed: int) -> None:
-        """A step of `row` settled: it drafted a tree (or a chain), emitted and fed so many."""
-        state = self.rows.get(id(row))
-        if state is None:
+            if policy is None or not policy.measure_c:  # seeded sampled: always a tree
+                p.tree_on = True  # type: ignore[union-attr]
+            else:
+                switched.append(p)
+        if not switched:
             return
-        mode = state.tree if tree else state.chain
-        mode.observe(emitted, fed, row.times.draft_s - state.drafted_s)
+        fresh = {True: ModeRate(), False: ModeRate()}
+        modes = self.learned.modes.setdefault(row_bucket(batch), fresh)
+        self.learned.steps += 1
+        on = pick(modes, self.learned.steps)
+        for p in switched:
+            p.tree_on = on  # type: ignore[union-attr]
+        self._step = (modes, on, time.perf_counter())
 
-    def leave(self, row: Row) -> None:
-        self.rows.pop(id(row), None)
+    def observe(self, tokens: int) -> None:
+        """The step chosen for has settled, emitting `tokens` in all."""
+        if self._step is None:
+            return
+        modes, on, t0 = self._step
+        modes[on].observe(tokens, time.perf_counter() - t0)
+        self._step = None
 
 
-def _pick(state: RowTrees, costs: ForwardCosts | None, rows: int) -> bool:
-    state.steps += 1
-    if state.tree.steps < WARM:
+def pick(modes: dict[bool, ModeRate], step: int) -> bool:
+    """Trees (True) or chains this step, from the two modes' rates at this row bucket."""
+    if modes[True].steps < WARM:
         return True
-    if state.chain.steps < WARM:
+    if modes[False].steps < WARM:
         return False
-    tree = chain = None
-    if costs is not None:
-        tree, chain = state.tree.rate(costs, rows), state.chain.rate(costs, rows)
-    best = True if tree is None or chain is None else tree >= chain
-    return not best if state.steps % EXPLORE == 0 else best
+    best = modes[True].rate >= modes[False].rate
+    return not best if step % EXPLORE == 0 else best

@@ -39,6 +39,7 @@ def verify_rows(
     spent = time.perf_counter() - t0
     batch.forwards += 1
     batch.target_costs().observe(len(plans), max(len(f) for f in feeds), spent)
+    emitted = 0
     for i, ((row, plan), z) in enumerate(zip(plans, logits, strict=True)):
         row.cfg.stats.batch_steps += 1
         row.cfg.stats.batch_rows += len(plans)
@@ -58,8 +59,7 @@ def verify_rows(
             rows = path_rows(plan.path)
             batch.cache.gather(row.slot, before, [before - 1 + r for r in rows[1:]])
         batch.cache.length[row.slot] = before + m  # 7. every committed token but the last
-        tree_on = bool(getattr(cfg.proposer, "tree_on", False))
-        batch.trees.observe(row, tree_on, len(row.ctx) - before, len(feeds[i]))
+        emitted += len(row.ctx) - before
         hand_features(cfg, tap, i, before - 1, m + 1, rows)  # a head row's committed states
         if cfg.policy is not None and cfg.proposer is not None:  # 9.
             cfg.policy.observe_c(_measure_c(cfg, row))  # type: ignore[arg-type]
@@ -68,4 +68,5 @@ def verify_rows(
             events[id(row)].append(delta)
         if cfg.output.finish_reason is not None:
             events[id(row)] += batch.finish(row)
+    batch.trees.observe(emitted)  # whether trees pay (tree_choice.py)
     return spent

@@ -41,7 +41,7 @@ def trees_always(request, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Every step of a tree row drafts a tree (batch/tree_choice.py would switch to chains
     where they pay better; test_tree_choice.py checks the switch)."""
     if "switching" not in request.node.name:
-        monkeypatch.setattr(tree_choice, "_pick", lambda *a: True)
+        monkeypatch.setattr(tree_choice, "pick", lambda *a: True)
 
 
 @pytest.fixture(scope="module", params=["lean", "eager"])
