@@ -26,7 +26,7 @@ from gateway.serving.fairness import (
     Share,
     StepPacer,
 )
-from tests.unit.serving.test_worker import counted_engine, spied_engine, started
+from tests.support.worker import counted_engine, spied_engine, started
 
 HOG_ROWS = 3
 

@@ -17,8 +17,8 @@ import pytest
 from gateway.engine import Finished
 from gateway.engine.batch.slots import SlotCache
 from gateway.serving.fairness import FairQueue, Overloaded, Share
+from tests.support.worker import counted_engine, started
 from tests.unit.serving.test_fairness import J
-from tests.unit.serving.test_worker import counted_engine, started
 
 BATCH = 4
 
