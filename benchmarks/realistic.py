@@ -129,10 +129,10 @@ def run(out_dir: Path, quick: bool = False, plan: dict[str, Any] | None = None) 
     done: dict[str, Any] = json.loads(partial.read_text()) if resume else {}
     built: dict[str, Any] = done.pop("_models", {})
     firsts: dict[str, Any] = done.pop("_first", {})
-    cases: dict[str, Any] = {k: v for k, v in done.items() if k not in plan["cases"]}
+    # every case finished before, but those named to run again (kept in each partial write)
+    cases: dict[str, Any] = {k: v for k, v in done.items() if not named or k not in plan["cases"]}
     for case in plan["cases"]:
-        if case in done and not named:  # resumed: finished before
-            cases[case] = done[case]
+        if case in cases:  # resumed: finished before
             continue
         shape, dtype, *pin = case.split("/")
         linear = {"off": False, "on": True}.get(pin[0] if pin else "auto")

@@ -117,3 +117,26 @@ def test_a_case_compares_with_the_generate_rounds_of_its_own_process() -> None:
     goals = _goals({"qwen2.5-0.5b/float32": got})
     assert goals["standard_1_at_least_0.9x_hf"]["qwen2.5-0.5b/float32"] == {
         "ratio": 0.9, "pass": True}  # fmt: skip
+
+
+def test_a_report_only_run_keeps_every_case_an_earlier_run_finished(tmp_path, monkeypatch) -> None:
+    """REALISTIC_PARTS=none with REALISTIC_RESUME=1: the report holds every finished case,
+    the last of the plan's included (a resumed case must not skip the partial's write)."""
+    import json
+
+    from benchmarks import realistic
+
+    cached = {"a/float32": {"x": 1}, "b/float32": {"x": 2}, "_models": {"a": {}, "b": {}, "c": {}}}
+    (tmp_path / "partial.json").write_text(json.dumps(cached))
+    monkeypatch.setattr(realistic, "CACHE", tmp_path)
+    for name in ("_prompt_ids", "_goals", "_extrapolate", "_plot", "_machine", "_llamacpp"):
+        monkeypatch.setattr(realistic, name, lambda *a, **k: None)
+    monkeypatch.setattr(realistic, "torch_threads", lambda: 1)
+    monkeypatch.setenv("REALISTIC_RESUME", "1")
+    monkeypatch.setenv("REALISTIC_PARTS", "none")
+    plan = {"cases": ("a/float32", "c/float32", "b/float32"), "new_tokens": 1, "one_client": 1,
+            "clients": (1,), "rounds": 1}  # fmt: skip
+    got = realistic.run(tmp_path, plan=plan)
+    assert set(got["cases"]) == {"a/float32", "b/float32"}
+    kept = json.loads((tmp_path / "partial.json").read_text())
+    assert {"a/float32", "b/float32"} <= set(kept)
