@@ -11,6 +11,7 @@ import pytest
 from gateway.engine import tree_step
 from tests.integration.service.harness import sqlite_gateway
 from tests.integration.service.test_suffix_api import complete, tenant_with_policy
+from tests.support.spies import count_calls
 
 pytestmark = pytest.mark.asyncio
 
@@ -21,14 +22,7 @@ CHAIN_POLICY = {"mode": "speculative", "speculation": {"proposers": ["draft"]}}
 async def test_a_tenants_policy_turns_draft_trees_on(
     tiny_manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    trees = [0]
-    real = tree_step.verify_tree_greedy
-
-    def spy(*a, **kw):  # type: ignore[no-untyped-def]
-        trees[0] += 1
-        return real(*a, **kw)
-
-    monkeypatch.setattr(tree_step, "verify_tree_greedy", spy)
+    trees = count_calls(monkeypatch, tree_step, "verify_tree_greedy")
     async with sqlite_gateway(tiny_manifest, tmp_path) as gw:
         a = await tenant_with_policy(gw, gw.tenant, TREE_POLICY)
         b = await tenant_with_policy(gw, "tenant-b", CHAIN_POLICY)

@@ -19,6 +19,7 @@ from gateway.speed import wrap_fast
 from tests.support.batch import Job, drive, mistral
 from tests.support.heads import target_sequences, train_tiny_head
 from tests.support.models import build_tokenizer, llama
+from tests.support.spies import count_calls
 
 TOKENIZER = build_tokenizer()
 VOCAB, EOS = len(TOKENIZER), TOKENIZER.eos_token_id
@@ -201,14 +202,7 @@ def test_a_sliding_window_family_verifies_trees_exactly(side_paths) -> None:
 def test_sampled_tree_rows_use_the_tree_verifier(eng, draft, head, prompts, monkeypatch) -> None:
     """A seeded sampled tree row: the tree verifier decides its steps, and its output alone
     and in a batch beside others is the same (its seed alone decides it)."""
-    calls = [0]
-    real = tree_step.verify_tree_sampled
-
-    def spy(*a, **kw):  # type: ignore[no-untyped-def]
-        calls[0] += 1
-        return real(*a, **kw)
-
-    monkeypatch.setattr(tree_step, "verify_tree_sampled", spy)
+    calls = count_calls(monkeypatch, tree_step, "verify_tree_sampled")
     req = DecodeRequest(prompts[0], **spec(20, temperature=0.8, seed=3))
     alone = eng.run(req, draft=draft)
     assert calls[0] > 0

@@ -11,6 +11,7 @@ import torch
 from gateway.engine import DecodeRequest, Engine, SamplingParams, tree_step
 from gateway.speed import wrap_fast
 from tests.support.models import llama
+from tests.support.spies import count_calls
 
 from .test_draft_head import (
     EOS,
@@ -44,14 +45,7 @@ def tree_first_tokens(eng: Engine, draft) -> tuple[torch.Tensor, int]:  # type: 
 
 
 def test_sampled_tree_rows_have_the_target_distribution(eng, monkeypatch) -> None:
-    calls = [0]
-    real = tree_step.verify_tree_sampled
-
-    def spy(*a, **kw):  # type: ignore[no-untyped-def]
-        calls[0] += 1
-        return real(*a, **kw)
-
-    monkeypatch.setattr(tree_step, "verify_tree_sampled", spy)
+    calls = count_calls(monkeypatch, tree_step, "verify_tree_sampled")
     counts, drafted = tree_first_tokens(eng, sampled_draft(eng))
     assert drafted > SAMPLES // 2 and calls[0] >= SAMPLES // 2
     stat, critical = chi_square_vs_target(eng, counts)
