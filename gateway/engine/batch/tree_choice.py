@@ -2,17 +2,17 @@
 model's part for trees; scheduler.py asks before every step's proposals).
 
 A tree buys tokens per step (more candidates at the depths where the draft is unsure) with
-a wider verify feed and more draft forwards. Alone on this CPU the verify forward of 20
-tokens costs little more than one of 5, so a tree may pay; in a full batch the forward's
-cost grows with rows x tokens, and the padded width and the shared draft forwards are
-every row's, so it stops paying. The rows of a step therefore switch together: per row
-bucket (1, 2, 4, 8, ... rows, as batch/costs.py buckets them), the target keeps moving
-averages of a step's tokens (all rows') and seconds (from the proposals to the last row
-settled) for the steps its tree rows drafted trees and for those they drafted chains, and
-each step takes the mode with the more tokens per second: a few steps of each first, and
-every EXPLORE-th step the other mode, so that both stay measured as the load changes. The
-averages live with the target model, so that every batch on it (a gateway's, or the
-one-row batch a lone tree request decodes in) learns from all of them.
+a wider verify feed and more draft forwards. Where a one-row verify forward costs little
+more for 20 tokens than for 5 (it is bound by reading the weights), a tree may pay; in a
+full batch the forward's cost grows with rows x tokens, and the padded width and the
+shared draft forwards are every row's, so it stops paying. The rows of a step therefore
+switch together: per row bucket (1, 2, 4, 8, ... rows, as batch/costs.py buckets them),
+the target keeps moving averages of a step's tokens (all rows') and seconds (from the
+proposals to the last row settled) for the steps its tree rows drafted trees and for those
+they drafted chains, and each step takes the mode with the more tokens per second: a few
+steps of each first, and every EXPLORE-th step the other mode, so that both stay measured
+as the load changes. The averages live with the target model, so that every batch on it (a
+gateway's, or the one-row batch a lone tree request decodes in) learns from all of them.
 
 Which mode a step drafts in never changes what the verifier emits (both are exact). A
 seeded sampled request keeps its tree on every step, so that its seed alone fixes its

@@ -60,11 +60,7 @@ def after_prompt(lm: LoadedModel, chunking: list[int], beside: bool, prompt: boo
         for s, f in zip(slots, feeds, strict=True):
             cache.length[s] += len(f)
         at += n
-    out = []
-    for t in MORE:
-        out.append(cache.forward([row], [[t]], keep_last=False)[0])
-        cache.length[row] += 1
-    return torch.cat(out)
+    return decode_more(cache, row)
 
 
 def chunking_gap(lm: LoadedModel) -> float:
@@ -191,11 +187,7 @@ def after_layout(lm: LoadedModel, layout: list[tuple[int, bool]]) -> torch.Tenso
             cache.forward([row], [part], keep_last=True, prompt=prompt)
             cache.length[row] += len(part)
         at += n
-    out = []
-    for t in MORE:
-        out.append(cache.forward([row], [[t]], keep_last=False)[0])
-        cache.length[row] += 1
-    return torch.cat(out)
+    return decode_more(cache, row)
 
 
 def test_the_prompt_part_follows_a_slot_through_copies_and_parking(wide) -> None:
@@ -214,3 +206,12 @@ def test_the_prompt_part_follows_a_slot_through_copies_and_parking(wide) -> None
     cache.length[c] = 25  # a rollback below the prompt's end
     cache.forward([c], [[5]], keep_last=True)
     assert cache.reusable(c, 26) == 25
+
+
+def decode_more(cache, row: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """The logits of MORE fed one token a step after the row's prompt."""
+    out = []
+    for t in MORE:
+        out.append(cache.forward([row], [[t]], keep_last=False)[0])
+        cache.length[row] += 1
+    return torch.cat(out)
